@@ -1,0 +1,475 @@
+"""Advantage estimators against hand-computed cases, a CleanRL-style GAE oracle, and the registry contract."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+import pytest
+import torch
+
+from trainer_client.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageConfig,
+    TurnBatch,
+    ValueSource,
+    assign_anchor_ids,
+    batch_normalize,
+    get_estimator,
+    pad_turns,
+    token_mask_from_lengths,
+    turn_gae,
+    two_boundary_gae,
+)
+
+T = torch.tensor
+
+
+def make_batch(rewards, *, penalties=None, terminated=None, groups=None, response_lengths=None, **turn_fields):
+    """A TurnBatch from ragged per-episode lists; ragged turn fields (values, entropy, ...) get padded."""
+    if response_lengths is None:
+        response_lengths = [[2] * len(episode) for episode in rewards]
+    token_mask = token_mask_from_lengths(response_lengths)
+    for name, value in turn_fields.items():
+        if isinstance(value, list):
+            turn_fields[name] = pad_turns(value, dtype=torch.long if name == "anchor_ids" else torch.float32,
+                                          fill=-1 if name == "anchor_ids" else 0.0)
+    return TurnBatch(
+        rewards=pad_turns(rewards),
+        penalties=pad_turns(penalties if penalties is not None else [[0.0] * len(e) for e in rewards]),
+        mask=token_mask.any(-1),
+        terminated=T(terminated if terminated is not None else [True] * len(rewards)),
+        group_ids=T(groups if groups is not None else list(range(len(rewards)))),
+        token_mask=token_mask,
+        **turn_fields,
+    )
+
+
+def random_batch(seed: int, num_episodes: int = 8, max_turns: int = 6, max_tokens: int = 5,
+                 num_groups: int = 3, dtype: torch.dtype = torch.float64) -> TurnBatch:
+    """Random ragged episodes with every optional field filled; padding holds NaN to catch leaks."""
+    g = torch.Generator().manual_seed(seed)
+    turns = torch.randint(1, max_turns + 1, (num_episodes,), generator=g)
+    mask = torch.arange(max_turns) < turns[:, None]
+    lengths = torch.randint(1, max_tokens + 1, (num_episodes, max_turns), generator=g) * mask
+    token_mask = torch.arange(max_tokens) < lengths[..., None]
+
+    def turn_noise(*shape):
+        x = torch.rand(*shape, generator=g, dtype=dtype)
+        return torch.where(mask if len(shape) == 2 else token_mask, x, torch.nan)
+
+    return TurnBatch(
+        rewards=turn_noise(num_episodes, max_turns),
+        penalties=torch.where(torch.rand(num_episodes, max_turns, generator=g) < 0.3, 0.01, 0.0).to(dtype)
+        .where(mask, torch.nan),
+        mask=mask,
+        terminated=torch.rand(num_episodes, generator=g) < 0.5,
+        group_ids=torch.randint(0, num_groups, (num_episodes,), generator=g) * 10 + 7,  # ids need not be compact
+        token_mask=token_mask,
+        values=turn_noise(num_episodes, max_turns),
+        q_values=turn_noise(num_episodes, max_turns),
+        last_values=torch.rand(num_episodes, generator=g, dtype=dtype),
+        token_values=turn_noise(num_episodes, max_turns, max_tokens),
+        anchor_ids=torch.where(mask, torch.randint(0, 3, (num_episodes, max_turns), generator=g), -1),
+        entropy=turn_noise(num_episodes, max_turns),
+    )
+
+
+def cleanrl_gae(rewards, values, terminated, last_value, gamma, lam):
+    """CleanRL ppo.py's backward GAE loop over one episode of Python floats (the oracle)."""
+    advantages = [0.0] * len(rewards)
+    lastgaelam = 0.0
+    for t in reversed(range(len(rewards))):
+        if t == len(rewards) - 1:
+            nextnonterminal, nextvalues = (0.0 if terminated else 1.0), last_value
+        else:
+            nextnonterminal, nextvalues = 1.0, values[t + 1]
+        delta = rewards[t] + gamma * nextvalues * nextnonterminal - values[t]
+        advantages[t] = lastgaelam = delta + gamma * lam * nextnonterminal * lastgaelam
+    return advantages
+
+
+# ---------------------------------------------------------------------------------------------------
+# turn_gae and batch_normalize
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_turn_gae_with_gamma_lam_one_gives_monte_carlo_returns():
+    rewards = T([[0.0, -0.01, 1.0], [0.0, 1.0, 0.0]])
+    values = T([[0.3, 0.1, 0.9], [0.5, 0.2, 7.0]])
+    mask = T([[True, True, True], [True, True, False]])
+    advantages, returns = turn_gae(rewards, values, mask, T([True, True]), None, gamma=1.0, lam=1.0)
+    torch.testing.assert_close(returns, T([[0.99, 0.99, 1.0], [1.0, 1.0, 0.0]]))
+    torch.testing.assert_close(advantages, T([[0.69, 0.89, 0.1], [0.5, 0.8, 0.0]]))
+
+
+def test_turn_gae_hand_computed_discounted_case():
+    # delta = (0.04, 0.12, 0.2); A_2 = 0.2, A_1 = 0.12 + 0.45 * 0.2, A_0 = 0.04 + 0.45 * 0.21
+    advantages, returns = turn_gae(T([[0.0, 0.0, 1.0]]), T([[0.5, 0.6, 0.8]]), T([[True, True, True]]),
+                                   T([True]), T([123.0]), gamma=0.9, lam=0.5)
+    torch.testing.assert_close(advantages, T([[0.1345, 0.21, 0.2]]))
+    torch.testing.assert_close(returns, T([[0.6345, 0.81, 1.0]]))
+
+
+def test_truncated_episode_bootstraps_from_last_values_and_terminated_does_not():
+    rewards, values, mask = T([[0.0, 0.0]] * 2), T([[0.2, 0.3]] * 2), T([[True, True]] * 2)
+    advantages, returns = turn_gae(rewards, values, mask, T([False, True]), T([0.5, 0.5]), gamma=1.0, lam=1.0)
+    torch.testing.assert_close(advantages, T([[0.3, 0.2], [-0.2, -0.3]]))
+    torch.testing.assert_close(returns, T([[0.5, 0.5], [0.0, 0.0]]))
+
+
+def test_turn_gae_needs_last_values_when_an_episode_was_cut():
+    with pytest.raises(ValueError, match="last_values is required"):
+        turn_gae(T([[1.0]]), T([[0.0]]), T([[True]]), T([False]), None, 0.9, 0.9)
+
+
+def test_turn_gae_ignores_whatever_padding_holds():
+    rewards = T([[1.0, math.nan, math.nan]])
+    values = T([[0.25, math.nan, math.inf]])
+    advantages, returns = turn_gae(rewards, values, T([[True, False, False]]), T([False]), T([0.5]), 0.5, 0.9)
+    torch.testing.assert_close(advantages, T([[1.0, 0.0, 0.0]]))  # 1 + 0.5 * 0.5 - 0.25
+    torch.testing.assert_close(returns, T([[1.25, 0.0, 0.0]]))
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize(("gamma", "lam"), [(0.95, 0.95), (1.0, 1.0), (0.99, 0.0), (0.5, 1.0)])
+def test_turn_gae_matches_cleanrl_loop_on_random_batches(seed, gamma, lam):
+    batch = random_batch(seed)
+    advantages, returns = turn_gae(batch.rewards, batch.values, batch.mask, batch.terminated, batch.last_values,
+                                   gamma, lam)
+    for b in range(batch.mask.shape[0]):
+        n = int(batch.mask[b].sum())
+        expected = cleanrl_gae(batch.rewards[b, :n].tolist(), batch.values[b, :n].tolist(),
+                               bool(batch.terminated[b]), float(batch.last_values[b]), gamma, lam)
+        torch.testing.assert_close(advantages[b, :n], T(expected, dtype=torch.float64))
+        torch.testing.assert_close(returns[b, :n], advantages[b, :n] + batch.values[b, :n])
+        assert (advantages[b, n:] == 0).all() and (returns[b, n:] == 0).all()
+
+
+def test_turn_gae_rejects_a_mask_with_holes():
+    with pytest.raises(ValueError, match="left-aligned"):
+        turn_gae(T([[0.0, 1.0]]), T([[0.0, 0.0]]), T([[False, True]]), T([True]), None, 1.0, 1.0)
+
+
+def test_batch_normalize_counts_each_turn_once():
+    # Turn advantages 1 and 3, answered with 1 and 3 tokens. Each turn once: mean 2, std sqrt(2).
+    # Each token once would give mean 2.5, std 1, i.e. -1.5 and 0.5.
+    advantages, mask = T([[1.0, 3.0]]), T([[True, True]])
+    torch.testing.assert_close(batch_normalize(advantages, mask), T([[-1.0, 1.0]]) / math.sqrt(2))
+
+    batch = make_batch([[0.0, 0.0]], response_lengths=[[1, 3]], values=[[-1.0, -3.0]], q_values=[[0.0, 0.0]])
+    cfg = AdvantageConfig(gamma=1.0, lam=1.0)  # advantages 0 - V: 1 and 3
+    per_turn = ADVANTAGE_ESTIMATORS["boundary"](batch, cfg).advantages
+    torch.testing.assert_close(per_turn[0, :, 0], T([-1.0, 1.0]) / math.sqrt(2))
+    per_token = ADVANTAGE_ESTIMATORS["boundary"](batch, dataclasses.replace(cfg, normalize_by="token")).advantages
+    torch.testing.assert_close(per_token[0, :, 0], T([-1.5, 0.5]))
+    torch.testing.assert_close(per_token[0, 1], T([0.5, 0.5, 0.5]))
+
+
+def test_batch_normalize_gives_zero_mean_unit_std_over_real_entries_only():
+    advantages = T([[2.0, 4.0, 100.0], [6.0, -50.0, 9.0]])
+    mask = T([[True, True, False], [True, False, False]])
+    normalized = batch_normalize(advantages, mask)
+    torch.testing.assert_close(normalized[mask], T([-1.0, 0.0, 1.0]))
+    assert (normalized[~mask] == 0).all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# boundary (ours) and ppo_critic
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_two_boundary_hand_computed_and_its_two_collapses():
+    rewards, values, q_values = T([[0.0, 1.0]]), T([[0.2, 0.5]]), T([[0.4, 0.9]])
+    mask, terminated = T([[True, True]]), T([True])
+    # t=1: d_a = 0.4, d_e = 0.1, A = 0.45; t=0: d_a = 0.2, d_e = 0.1, A = 0.2 + 0.5 * (0.1 + 0.45)
+    half = two_boundary_gae(rewards, values, q_values, mask, terminated, None, 1.0, 1.0, lam_a=0.5)
+    torch.testing.assert_close(half, T([[0.475, 0.45]]))
+
+    batch = random_batch(seed=3)
+    gae, _ = turn_gae(batch.rewards, batch.values, batch.mask, batch.terminated, batch.last_values, 0.9, 0.8)
+    as_gae = two_boundary_gae(batch.rewards, batch.values, batch.q_values, batch.mask, batch.terminated,
+                              batch.last_values, 0.9, 0.8, lam_a=1.0)
+    as_q_minus_v = two_boundary_gae(batch.rewards, batch.values, batch.q_values, batch.mask, batch.terminated,
+                                    batch.last_values, 0.9, 0.8, lam_a=0.0)
+    torch.testing.assert_close(as_gae, gae)
+    torch.testing.assert_close(as_q_minus_v, torch.where(batch.mask, batch.q_values - batch.values, 0.0))
+
+
+def test_boundary_returns_lambda_returns_of_penalized_rewards_and_normalized_advantages():
+    batch = make_batch([[0.0, 0.0, 1.0], [0.0, 0.0]], penalties=[[0.0, 0.01, 0.0], [0.0, 0.0]],
+                       response_lengths=[[2, 1, 3], [1, 1]],
+                       values=[[0.5, 0.5, 0.5], [0.5, 0.5]], q_values=[[0.0] * 3, [0.0] * 2])
+    result = ADVANTAGE_ESTIMATORS["boundary"](batch, AdvantageConfig(gamma=1.0, lam=1.0))
+    expected_returns = T([[0.99, 0.99, 1.0], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(result.returns, expected_returns)
+    torch.testing.assert_close(result.q_returns, expected_returns)
+    raw = T([[0.49, 0.49, 0.5], [-0.5, -0.5, 0.0]])
+    expected = batch_normalize(raw, batch.mask)
+    torch.testing.assert_close(result.advantages, torch.where(batch.token_mask, expected.unsqueeze(-1), 0.0))
+    assert result.advantages[0, 1, 1:].eq(0).all()  # padded tokens of a 1-token response
+
+
+def test_boundary_truncation_is_terminal_unless_bootstrapping():
+    batch = make_batch([[0.0, 0.0], [0.0, 0.0]], terminated=[False, True], values=[[0.2, 0.3], [0.2, 0.3]],
+                       q_values=[[0.0, 0.0], [0.0, 0.0]])
+    batch = dataclasses.replace(batch, last_values=T([0.5, 0.5]))
+    cfg = AdvantageConfig(gamma=1.0, lam=1.0)
+    as_terminal = ADVANTAGE_ESTIMATORS["boundary"](batch, cfg)
+    torch.testing.assert_close(as_terminal.returns, T([[0.0, 0.0], [0.0, 0.0]]))
+    bootstrapped = ADVANTAGE_ESTIMATORS["boundary"](batch, dataclasses.replace(cfg, bootstrap_truncated=True))
+    torch.testing.assert_close(bootstrapped.returns, T([[0.5, 0.5], [0.0, 0.0]]))
+
+
+def test_boundary_q_minus_v_mode_and_one_step_q_target():
+    batch = make_batch([[0.0, 1.0], [0.0]], values=[[0.2, 0.5], [0.4]], q_values=[[0.4, 0.9], [0.1]])
+    cfg = AdvantageConfig(gamma=0.9, lam=0.8, adv_mode="q_minus_v", q_target="one_step")
+    result = ADVANTAGE_ESTIMATORS["boundary"](batch, cfg)
+    q_minus_v = T([[0.2, 0.4], [-0.3, 0.0]])
+    torch.testing.assert_close(result.advantages[..., 0], batch_normalize(q_minus_v, batch.mask))
+    torch.testing.assert_close(result.q_returns, T([[0.45, 1.0], [0.0, 0.0]]))  # r + 0.9 V(s_{t+1})
+
+
+def test_boundary_two_boundary_mode_uses_lam_a():
+    batch = make_batch([[0.0, 1.0], [0.0]], values=[[0.2, 0.5], [0.4]], q_values=[[0.4, 0.9], [0.1]])
+    cfg = AdvantageConfig(gamma=1.0, lam=1.0, adv_mode="two_boundary", lam_a=0.5)
+    result = ADVANTAGE_ESTIMATORS["boundary"](batch, cfg)
+    raw = T([[0.475, 0.45], [-0.3 + 0.5 * (0.0 - 0.1), 0.0]])
+    torch.testing.assert_close(result.advantages[..., 0], batch_normalize(raw, batch.mask))
+
+
+def verl_form_batch():
+    # One success episode, two turns; turn 0 was invalid (penalty 0.01). Turn 0 has 3 tokens, turn 1 has 2.
+    token_values = T([[[0.1, 0.2, 0.3], [0.5, 0.6, math.nan]]])
+    return make_batch([[0.0, 1.0]], penalties=[[0.01, 0.0]], response_lengths=[[3, 2]], token_values=token_values)
+
+
+def test_ppo_critic_verl_form_token_level_gae_within_each_turn():
+    batch = verl_form_batch()
+    result = ADVANTAGE_ESTIMATORS["ppo_critic"](batch, AdvantageConfig(ppo_critic_form="verl"))
+    # gamma = lam = 1: every token's return is the turn's score (episode reward - its penalty).
+    torch.testing.assert_close(result.returns, T([[[0.99, 0.99, 0.99], [1.0, 1.0, 0.0]]]))
+    raw = [0.89, 0.79, 0.69, 0.5, 0.4]  # score - V before each token
+    mean, std = statistics.mean(raw), statistics.stdev(raw)
+    expected = T([[[(a - mean) / std for a in raw[:3]], [(a - mean) / std for a in raw[3:]] + [0.0]]])
+    torch.testing.assert_close(result.advantages, expected)
+
+
+def test_ppo_critic_verl_form_does_not_bootstrap_across_turns():
+    batch = verl_form_batch()
+    cfg = AdvantageConfig(ppo_critic_form="verl", token_gamma=0.9, token_lam=0.7)
+    changed = dataclasses.replace(batch, token_values=batch.token_values.clone().index_fill_(1, T([1]), 5.0))
+    first_turn = ADVANTAGE_ESTIMATORS["ppo_critic"](batch, cfg).returns[0, 0]
+    torch.testing.assert_close(ADVANTAGE_ESTIMATORS["ppo_critic"](changed, cfg).returns[0, 0], first_turn)
+    # Last token: 0.99; then 0.9 * 0.3 + 0.63 * (0.99 - 0.3) etc. (delta_t + 0.63 A_{t+1}, plus V_t)
+    a2 = 0.99 - 0.3
+    a1 = 0.9 * 0.3 - 0.2 + 0.63 * a2
+    a0 = 0.9 * 0.2 - 0.1 + 0.63 * a1
+    torch.testing.assert_close(first_turn, T([a0 + 0.1, a1 + 0.2, a2 + 0.3]))
+
+
+def test_ppo_critic_turn_form_is_the_boundary_computation_over_critic_values():
+    batch = random_batch(seed=5, dtype=torch.float32)
+    cfg = AdvantageConfig(ppo_critic_form="turn", bootstrap_truncated=True)
+    turn_form = ADVANTAGE_ESTIMATORS["ppo_critic"](batch, cfg)
+    ours = ADVANTAGE_ESTIMATORS["boundary"](batch, cfg)
+    torch.testing.assert_close(turn_form.advantages, ours.advantages)
+    torch.testing.assert_close(turn_form.returns, ours.returns)
+    assert turn_form.q_returns is None
+
+
+# ---------------------------------------------------------------------------------------------------
+# grpo, rloo, gigpo, empg
+# ---------------------------------------------------------------------------------------------------
+
+
+def two_episode_group():
+    # One task group: episode A succeeds in 3 turns (turn 1 invalid), episode B fails in 2 turns.
+    return make_batch([[0.0, 0.0, 1.0], [0.0, 0.0]], penalties=[[0.0, 0.01, 0.0], [0.0, 0.0]], groups=[4, 4])
+
+
+def test_grpo_statistics_over_all_turn_samples_of_the_group():
+    scores = [1.0, 0.99, 1.0, 0.0, 0.0]  # episode reward - that turn's penalty
+    mean, std = statistics.mean(scores), statistics.stdev(scores)
+    result = ADVANTAGE_ESTIMATORS["grpo"](two_episode_group(), AdvantageConfig())
+    expected = [(s - mean) / (std + 1e-6) for s in scores]
+    torch.testing.assert_close(result.advantages[..., 0], T([expected[:3], expected[3:] + [0.0]]))
+    without_std = ADVANTAGE_ESTIMATORS["grpo"](two_episode_group(), AdvantageConfig(grpo_norm_by_std=False))
+    torch.testing.assert_close(without_std.advantages[0, :, 0], T([s - mean for s in scores[:3]]))
+
+
+def test_grpo_trajectory_form_counts_each_episode_once():
+    result = ADVANTAGE_ESTIMATORS["grpo"](two_episode_group(), AdvantageConfig(group_form="trajectory"))
+    penalized_returns = [0.99, 0.0]
+    z = (0.99 - 0.495) / (statistics.stdev(penalized_returns) + 1e-6)
+    torch.testing.assert_close(result.advantages[..., 0], T([[z, z, z], [-z, -z, 0.0]]))
+
+
+def test_rloo_leaves_one_turn_sample_out_as_verl_agent():
+    result = ADVANTAGE_ESTIMATORS["rloo"](two_episode_group(), AdvantageConfig())
+    scores = [1.0, 0.99, 1.0, 0.0, 0.0]
+    expected = [s - (sum(scores) - s) / 4 for s in scores]  # mean of the group's 4 other turn samples
+    torch.testing.assert_close(result.advantages[..., 0], T([expected[:3], expected[3:] + [0.0]]))
+    torch.testing.assert_close(result.advantages[0, 0, 0], T(0.5025))  # (1 - 0.598) * 5 / 4
+
+
+def test_rloo_trajectory_form_leaves_one_episode_out():
+    result = ADVANTAGE_ESTIMATORS["rloo"](two_episode_group(), AdvantageConfig(group_form="trajectory"))
+    torch.testing.assert_close(result.advantages[..., 0], T([[0.99] * 3, [-0.99, -0.99, 0.0]]))
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_singleton_group_keeps_its_raw_score_as_verl_or_gets_zero(name):
+    # Episode 0 is alone in its group with one turn; episodes 1-2 form a normal group.
+    batch = make_batch([[1.0], [0.0, 1.0], [0.0]], groups=[0, 1, 1])
+    as_verl = ADVANTAGE_ESTIMATORS[name](batch, AdvantageConfig())
+    expected = 1.0 / (1.0 + 1e-6) if name == "grpo" else 1.0  # verl: mean 0, std 1
+    torch.testing.assert_close(as_verl.advantages[0, 0, 0], T(expected))
+    as_zero = ADVANTAGE_ESTIMATORS[name](batch, AdvantageConfig(singleton_group="zero"))
+    assert as_zero.advantages[0].eq(0).all()
+    torch.testing.assert_close(as_zero.advantages[1:], as_verl.advantages[1:])
+
+
+def test_one_episode_group_over_turn_samples_is_not_a_singleton_and_centres_to_zero():
+    batch = make_batch([[0.0, 0.0, 1.0]], groups=[0])
+    for name in ("grpo", "rloo"):
+        assert ADVANTAGE_ESTIMATORS[name](batch, AdvantageConfig()).advantages.eq(0).all()
+
+
+def gigpo_batch():
+    # Group 0: A sees s0 s1 s2 and succeeds; B sees s0 s3 s1 and fails. Group 1: C sees s0 and succeeds.
+    observations = [["s0", "s1", "s2"], ["s0", "s3", "s1"], ["s0"]]
+    groups = [0, 0, 1]
+    return make_batch([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [1.0]], groups=groups,
+                      anchor_ids=assign_anchor_ids(observations, groups))
+
+
+def test_gigpo_mean_norm_anchor_groups_within_each_task_group():
+    result = ADVANTAGE_ESTIMATORS["gigpo"](gigpo_batch(), AdvantageConfig(gigpo_mode="mean_norm"))
+    # Step returns (gamma 0.95): A = 0.9025, 0.95, 1; B = 0, 0, 0; C = 1.
+    # Anchor groups: s0 {A0, B0}, s1 {A1, B2}, s2 {A2}, s3 {B1}; C's s0 is in another task group.
+    step = [[0.45125, 0.475, 0.0], [-0.45125, 0.0, -0.475], [0.0, 0.0, 0.0]]
+    episode = [[0.5] * 3, [-0.5] * 3, [1.0, 0.0, 0.0]]  # C: a one-sample group keeps its score (verl)
+    torch.testing.assert_close(result.advantages[..., 0], T(episode) + T(step))
+
+
+def test_gigpo_mean_std_norm_and_step_weight():
+    cfg = AdvantageConfig(gigpo_mode="mean_std_norm", gigpo_step_weight=0.5)
+    result = ADVANTAGE_ESTIMATORS["gigpo"](gigpo_batch(), cfg)
+    pair = 1 / math.sqrt(2)  # a z-scored pair of distinct values is +-1/sqrt(2) (unbiased std)
+    episode = 0.5 / (statistics.stdev([1, 1, 1, 0, 0, 0]) + 1e-6)
+    expected_a = [episode + 0.5 * pair, episode + 0.5 * pair, episode]
+    torch.testing.assert_close(result.advantages[0, :, 0], T(expected_a), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(result.advantages[1, 1, 0], T(-episode), atol=1e-5, rtol=1e-5)
+
+
+def test_gigpo_step_returns_include_the_penalty_of_that_turn():
+    batch = dataclasses.replace(gigpo_batch(), penalties=T([[0.01, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]))
+    cfg = AdvantageConfig(gigpo_mode="mean_norm", gigpo_step_weight=1.0)
+    with_penalty = ADVANTAGE_ESTIMATORS["gigpo"](batch, cfg).advantages
+    without = ADVANTAGE_ESTIMATORS["gigpo"](gigpo_batch(), cfg).advantages
+    # A0's step return drops by 0.01 (0.005 after centring with B0) and its episode score by 0.01.
+    episode_shift = 0.01 - 0.01 / 6
+    torch.testing.assert_close(with_penalty[0, 0, 0] - without[0, 0, 0], T(-0.005 - episode_shift))
+
+
+def test_assign_anchor_ids_per_group_with_padding_and_similarity():
+    observations = [["kitchen", "fridge"], ["kitchen"], ["fridge"], ["You see a fridge 1."]]
+    ids = assign_anchor_ids(observations, [0, 0, 1, 1])
+    assert ids.tolist() == [[0, 1], [0, -1], [0, -1], [1, -1]]
+    similar = assign_anchor_ids([["You see a fridge 1."], ["You see a fridge 2."]], [0, 0], similarity=0.9)
+    assert similar.tolist() == [[0], [0]]
+    assert assign_anchor_ids([["You see a fridge 1."], ["You see a fridge 2."]], [0, 0]).tolist() == [[0], [1]]
+
+
+def test_empg_modulation_hand_computed():
+    # Group: A succeeds in 2 turns, B fails in 1. GRPO over turn samples: scores 1, 1, 0.
+    batch = make_batch([[0.0, 1.0], [0.0]], groups=[0, 0], entropy=[[0.5, 1.5], [1.0]])
+    cfg = AdvantageConfig(empg_k=1.0, empg_k_f=2.0, empg_zeta=0.1)
+    std = statistics.stdev([1, 1, 0])
+    grpo_a, grpo_b = (1 / 3) / (std + 1e-6), (-2 / 3) / (std + 1e-6)
+    # H_norm = (0, 1 | 0.5); g = exp(-H_norm) / its mean; f = exp(-2 H_norm), taken from the NEXT turn.
+    confidence = [1.0, math.exp(-1.0), math.exp(-0.5)]
+    g = [c / (statistics.mean(confidence) + 1e-8) for c in confidence]
+    modulated = [g[0] * grpo_a + 0.1 * math.exp(-2.0), g[1] * grpo_a, g[2] * grpo_b]
+    centred = [m - statistics.mean(modulated) for m in modulated]
+    result = ADVANTAGE_ESTIMATORS["empg"](batch, cfg)
+    torch.testing.assert_close(result.advantages[..., 0], T([centred[:2], [centred[2], 0.0]]))
+    scaled = ADVANTAGE_ESTIMATORS["empg"](batch, dataclasses.replace(cfg, empg_final_norm="mean_std"))
+    expected = [c / (statistics.stdev(modulated) + 1e-8) for c in centred]
+    torch.testing.assert_close(scaled.advantages[..., 0], T([expected[:2], [expected[2], 0.0]]))
+
+
+def test_empg_without_entropy_spread_or_bonus_is_centred_grpo():
+    batch = make_batch([[0.0, 1.0], [0.0]], groups=[0, 0], entropy=[[0.7, 0.7], [0.7]])
+    cfg = AdvantageConfig(empg_zeta=0.0)
+    grpo = ADVANTAGE_ESTIMATORS["grpo"](batch, cfg).advantages[..., 0]
+    empg = ADVANTAGE_ESTIMATORS["empg"](batch, cfg).advantages[..., 0]
+    torch.testing.assert_close(empg, torch.where(batch.mask, grpo - grpo[batch.mask].mean(), 0.0))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The registry contract: one signature, truthful needs, clear errors
+# ---------------------------------------------------------------------------------------------------
+
+CONFIG_VARIANTS = [
+    AdvantageConfig(),
+    AdvantageConfig(bootstrap_truncated=True, adv_mode="two_boundary", normalize_by="token"),
+    AdvantageConfig(ppo_critic_form="turn", bootstrap_truncated=True, group_form="trajectory"),
+    AdvantageConfig(gigpo_mode="mean_norm", singleton_group="zero", empg_final_norm="mean_std"),
+]
+OPTIONAL_FIELDS = ("values", "q_values", "last_values", "token_values", "anchor_ids", "entropy")
+
+
+def test_registry_holds_every_estimator():
+    assert sorted(ADVANTAGE_ESTIMATORS) == ["boundary", "empg", "gigpo", "grpo", "ppo_critic", "rloo"]
+    with pytest.raises(ValueError, match=r"choose from \['boundary'"):
+        get_estimator("ppo")
+
+
+@pytest.mark.parametrize("cfg", CONFIG_VARIANTS)
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+def test_every_estimator_runs_on_exactly_what_it_declares(name, cfg):
+    estimator, full = get_estimator(name), random_batch(seed=11)
+    needed = estimator.needs(cfg).batch_fields
+    only_needed = dataclasses.replace(full, **{f: None for f in OPTIONAL_FIELDS if f not in needed})
+    result = estimator(only_needed, cfg)
+    assert result.advantages.shape == full.token_mask.shape
+    assert torch.isfinite(result.advantages).all()
+    assert result.advantages[~full.token_mask].eq(0).all()
+    if result.returns is not None:
+        assert torch.isfinite(result.returns).all()
+    for field in needed:
+        with pytest.raises(ValueError, match=f"needs TurnBatch.{field}"):
+            estimator(dataclasses.replace(only_needed, **{field: None}), cfg)
+
+
+def test_needs_tell_the_loop_which_values_and_group_size():
+    needs = {name: estimator.needs(AdvantageConfig()) for name, estimator in ADVANTAGE_ESTIMATORS.items()}
+    assert needs["boundary"].values is ValueSource.BOUNDARY and needs["boundary"].group_size == 1
+    assert needs["ppo_critic"].values is ValueSource.CRITIC_TOKEN
+    turn_form = get_estimator("ppo_critic").needs(AdvantageConfig(ppo_critic_form="turn"))
+    assert turn_form.values is ValueSource.CRITIC_TURN
+    assert {needs[n].group_size for n in ("grpo", "rloo", "gigpo", "empg")} == {8}
+    assert needs["gigpo"].anchor_ids and needs["empg"].entropy
+    assert get_estimator("boundary").needs(AdvantageConfig(bootstrap_truncated=True)).last_values
+
+
+def test_turn_batch_rejects_inconsistent_tensors():
+    batch = make_batch([[0.0, 1.0]])
+    with pytest.raises(ValueError, match="left-aligned"):
+        dataclasses.replace(batch, mask=T([[False, True]]))
+    with pytest.raises(ValueError, match="token_mask must have at least one token"):
+        dataclasses.replace(batch, token_mask=token_mask_from_lengths([[2, 0]], num_tokens=2))
+    with pytest.raises(ValueError, match=r"values must have shape \[1, 2\]"):
+        dataclasses.replace(batch, values=T([[0.0, 1.0, 2.0]]))
+    with pytest.raises(ValueError, match="penalties must be >= 0"):
+        dataclasses.replace(batch, penalties=T([[0.0, -0.01]]))
+
+
+def test_config_rejects_unknown_choices_and_out_of_range_values():
+    with pytest.raises(ValueError, match="adv_mode must be one of"):
+        AdvantageConfig(adv_mode="q_only")
+    with pytest.raises(ValueError, match="gamma must be in"):
+        AdvantageConfig(gamma=1.5)
