@@ -1,0 +1,138 @@
+"""TransformersBackend: reserved ids never sampled, log-probs equal the trainer's, padding, stops, weight sync."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from policy_fixtures import micro_checkpoint, policy, train_value_rows, turn_samples  # noqa: F401  (fixtures)
+
+from trainer_client.policy import Policy, SamplingConfig, TokenBatch, TransformersBackend, TurnSample
+from trainer_client.policy.generation import completions_from_steps, sample_next
+from trainer_client.policy.logits import top_p_filter
+
+
+def prompts_of(policy: Policy, n: int) -> list[tuple[int, ...]]:
+    return [s.prompt_ids for s in turn_samples(policy, n)]
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    log_probs = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = top_p_filter(log_probs, 0.7).isfinite()
+    assert kept.tolist() == [[True, True, False, False]]          # 0.5 < 0.7, 0.5 + 0.3 >= 0.7
+    assert top_p_filter(log_probs, 0.45).isfinite().tolist() == [[True, False, False, False]]
+    assert top_p_filter(log_probs, 1.0).isfinite().all()
+    with pytest.raises(ValueError):
+        top_p_filter(log_probs, 0.0)
+
+
+def test_sample_next_never_returns_an_id_outside_the_policy_vocabulary():
+    logits = torch.zeros(4096, 10)
+    logits[:, 8:] = 1e4  # the two value ids dominate the raw logits
+    ids, log_probs = sample_next(logits, 8, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    assert int(ids.max()) < 8
+    torch.testing.assert_close(log_probs, torch.full((4096,), math.log(1 / 8)))
+
+
+def test_reserved_ids_are_never_generated_after_the_rows_were_trained_large(policy):
+    samples = turn_samples(policy, 12)
+    train_value_rows(policy, samples, target=200.0, steps=40)
+    backend = TransformersBackend.from_policy(policy)
+    prompts = [s.prompt_ids for s in samples]
+    with torch.no_grad():   # without the mask, a value id is what the model would say next
+        batch = TokenBatch.from_samples(samples, policy.tokenizer.pad_token_id)
+        raw = policy.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        next_after_prompt = raw[torch.arange(len(samples)), batch.prompt_lengths - 1].argmax(-1)
+    assert set(next_after_prompt.tolist()) <= set(policy.value_ids)
+
+    no_stop = TransformersBackend(backend.model, backend.n_policy_tokens, stop_ids=(), pad_id=backend.pad_id)
+    completions = no_stop.generate(prompts, SamplingConfig(max_new_tokens=48, temperature=1.0, seed=0))
+    sampled = [t for c in completions for t in c.token_ids]
+    assert len(sampled) == 12 * 48
+    assert max(sampled) < policy.n_policy_tokens
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampled_log_probs_equal_the_policy_forward(policy, temperature):
+    prompts = prompts_of(policy, 6)
+    backend = TransformersBackend.from_policy(policy)
+    completions = backend.generate(prompts, SamplingConfig(max_new_tokens=10, temperature=temperature, seed=1))
+    batch = TokenBatch.from_samples([TurnSample(p, c.token_ids) for p, c in zip(prompts, completions)],
+                                    policy.tokenizer.pad_token_id)
+    with torch.no_grad():
+        out = policy(batch, temperature=temperature)
+    for row, completion in enumerate(completions):
+        torch.testing.assert_close(out.log_probs[row, :len(completion.token_ids)],
+                                   torch.tensor(completion.log_probs), atol=1e-5, rtol=0)
+
+
+def test_left_padding_does_not_change_greedy_output(policy):
+    prompts = prompts_of(policy, 6)
+    backend = TransformersBackend.from_policy(policy)
+    greedy = SamplingConfig(max_new_tokens=8, temperature=0.0)
+    together = backend.generate(prompts, greedy)
+    for prompt, completion in zip(prompts, together):
+        alone = backend.generate([prompt], greedy)[0]
+        assert alone.token_ids == completion.token_ids
+        torch.testing.assert_close(torch.tensor(alone.log_probs), torch.tensor(completion.log_probs),
+                                   atol=1e-5, rtol=0)
+
+
+def test_a_seed_makes_sampling_repeatable(policy):
+    backend = TransformersBackend.from_policy(policy)
+    prompts = prompts_of(policy, 4)
+    config = SamplingConfig(max_new_tokens=6, temperature=1.0, seed=3)
+    assert backend.generate(prompts, config) == backend.generate(prompts, config)
+
+
+def test_finish_reasons(policy):
+    backend = TransformersBackend.from_policy(policy)
+    prompts = prompts_of(policy, 3)
+    stop_ids = set(backend.stop_ids)
+    for c in backend.generate(prompts, SamplingConfig(max_new_tokens=5, seed=0)):
+        if c.finish_reason == "length":
+            assert len(c.token_ids) == 5 and not stop_ids & set(c.token_ids)
+        else:
+            assert c.token_ids[-1] in stop_ids and not stop_ids & set(c.token_ids[:-1])
+    every_id_stops = TransformersBackend(backend.model, backend.n_policy_tokens,
+                                         stop_ids=range(policy.n_policy_tokens), pad_id=backend.pad_id)
+    stopped = every_id_stops.generate(prompts, SamplingConfig(max_new_tokens=5, seed=0))
+    assert all(c.finish_reason == "stop" and len(c.token_ids) == 1 for c in stopped)
+
+
+def test_completions_are_cut_after_the_first_stop():
+    ids = torch.tensor([[4, 9, 0, 0], [4, 5, 6, 7]])
+    log_probs = torch.tensor([[-1.0, -2.0, 0.0, 0.0], [-1.0, -1.0, -1.0, -1.0]])
+    first, second = completions_from_steps(ids, log_probs, stop_ids=(9,))
+    assert (first.token_ids, first.log_probs, first.finish_reason) == ((4, 9), (-1.0, -2.0), "stop")
+    assert (second.token_ids, second.finish_reason) == ((4, 5, 6, 7), "length")
+
+
+def test_a_backend_copy_follows_the_policy_only_after_update_weights(policy):
+    backend = TransformersBackend.from_policy(policy, dtype=torch.bfloat16)
+    assert backend.model is not policy.model and backend.model.dtype == torch.bfloat16
+    prompts = prompts_of(policy, 4)
+    greedy = SamplingConfig(max_new_tokens=6, temperature=0.0)
+
+    def gap_to_policy() -> float:
+        completions = backend.generate(prompts, greedy)
+        batch = TokenBatch.from_samples([TurnSample(p, c.token_ids) for p, c in zip(prompts, completions)],
+                                        policy.tokenizer.pad_token_id)
+        with torch.no_grad():
+            out = policy(batch)
+        sampled = torch.tensor([lp for c in completions for lp in c.log_probs])
+        return float((out.log_probs[out.response_mask] - sampled).abs().max())
+
+    assert gap_to_policy() < 0.05                     # bf16 rounding only
+    with torch.no_grad():
+        policy.model.model.norm.weight.mul_(4.0)      # a large update of the trainer's weights
+    assert gap_to_policy() > 0.5                      # the copy is stale
+    backend.update_weights(policy)
+    assert gap_to_policy() < 0.05
+
+
+def test_sampling_config_is_validated():
+    for bad in (dict(max_new_tokens=0), dict(temperature=-1.0), dict(top_p=1.5)):
+        with pytest.raises(ValueError):
+            SamplingConfig(**bad)

@@ -1,0 +1,188 @@
+"""The policy: a causal LM whose two spare output rows are read as values at the turn boundaries.
+
+V(s_t) is the logit of id_V at the last prompt token, Q(s_t, a_t) the logit of id_Q at the last
+response token (research/algorithm.md §4(a)). The two rows live in a separate fp32 parameter with its
+own learning rate and are written back into the output layer on save, so a checkpoint stays plain HF.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from trainer_client.policy.batching import TokenBatch
+from trainer_client.policy.logits import entropy_from_log_probs, policy_log_probs
+
+VALUE_IDS_CONFIG_KEY = "limen_value_ids"  # in config.json: the checkpoint's output rows hold trained values
+ROWS_MULTIPLE = 64
+
+
+def choose_value_ids(n_policy_tokens: int, n_output_rows: int) -> tuple[int, int] | None:
+    """(id_V, id_Q): the first two output rows no token uses, or None when fewer than two are spare."""
+    if n_output_rows - n_policy_tokens < 2:
+        return None
+    return n_policy_tokens, n_policy_tokens + 1
+
+
+def padded_vocab_rows(n_policy_tokens: int) -> int:
+    """Output rows for a vocabulary plus the two value ids, rounded up to a multiple of 64."""
+    return math.ceil((n_policy_tokens + 2) / ROWS_MULTIPLE) * ROWS_MULTIPLE
+
+
+def bf16_autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast for the backbone (1.5-1.9x on this CPU's avx512_bf16); fp32 master weights stay."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+
+
+def prepare_backbone(model: PreTrainedModel, device: str | torch.device, gradient_checkpointing: bool) -> None:
+    """Move to device; optionally recompute activations in backward to trade compute for memory."""
+    model.to(device)
+    if gradient_checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+
+def final_hidden_states(backbone: nn.Module, batch: TokenBatch) -> Tensor:
+    """[N, T, H]: the last (post-norm) hidden states; no vocabulary projection."""
+    return backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).last_hidden_state
+
+
+def gather_positions(hidden: Tensor, positions: Tensor) -> Tensor:
+    """hidden [N, T, H], positions [N, K] -> [N, K, H]."""
+    rows = torch.arange(hidden.shape[0], device=hidden.device)[:, None]
+    return hidden[rows, positions]
+
+
+@dataclass(frozen=True)
+class PolicyOutput:
+    """What one forward over a TokenBatch gives (N samples, L = longest response)."""
+    log_probs: Tensor      # [N, L] fp32: log pi(token | prefix) of each response token, 0 on padding
+    entropy: Tensor        # [N, L] fp32: entropy of pi at each response token, 0 on padding
+    response_mask: Tensor  # [N, L] bool: True on real response tokens
+    values: Tensor         # [N] fp32: V(s_t), read at the last prompt token
+    q_values: Tensor       # [N] fp32: Q(s_t, a_t), read at the last response token
+
+
+class Policy(nn.Module):
+    """A causal LM (Qwen2 family, or any with a bias-free output layer) plus its two value rows.
+
+    Parameters: `model` (backbone and output layer, trained at the policy lr) and `value_rows`
+    ([2, H] fp32: row 0 reads V, row 1 reads Q; their own lr). Ids >= len(tokenizer) are outside
+    the policy's vocabulary everywhere: never sampled, out of every log-prob and entropy.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer, value_ids: tuple[int, int], value_rows: Tensor,
+                 use_bf16_autocast: bool = False) -> None:
+        super().__init__()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.n_policy_tokens = len(tokenizer)
+        if min(value_ids) < self.n_policy_tokens:
+            raise ValueError(f"value ids {value_ids} collide with the tokenizer's {self.n_policy_tokens} ids")
+        self.value_ids = value_ids
+        self.value_rows = nn.Parameter(value_rows.detach().to(torch.float32).clone())
+        self.use_bf16_autocast = use_bf16_autocast
+
+    @classmethod
+    def load(cls, name_or_path: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+             use_bf16_autocast: bool = False, gradient_checkpointing: bool = False,
+             chat_template: str | None = None, tokenizer=None) -> Policy:
+        """Load a checkpoint (hub name or local dir) with its tokenizer and chat template.
+
+        A checkpoint saved by `Policy.save` carries its value ids in config.json and its trained
+        rows in the output layer; any other starts with V = Q = 0 (zero rows) on the first two
+        spare output rows, resizing the embedding only when fewer than two are spare.
+        Pass `tokenizer` to reuse one already loaded (Qwen2.5's takes seconds to parse).
+        """
+        if tokenizer is None:
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        if chat_template is not None:
+            tokenizer.chat_template = chat_template
+        if not tokenizer.chat_template:
+            raise ValueError(f"{name_or_path} has no chat template; pass chat_template= (e.g. QWEN25_CHAT_TEMPLATE)")
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+        output_layer = model.get_output_embeddings()
+        if output_layer is None or getattr(output_layer, "bias", None) is not None:
+            raise ValueError(f"{type(model).__name__} needs a bias-free output layer for the value readout")
+
+        saved_ids = getattr(model.config, VALUE_IDS_CONFIG_KEY, None)
+        if saved_ids is not None:
+            value_ids = (int(saved_ids[0]), int(saved_ids[1]))
+            value_rows = output_layer.weight[list(value_ids)]
+        else:
+            value_ids = choose_value_ids(len(tokenizer), output_layer.weight.shape[0])
+            if value_ids is None:
+                model.resize_token_embeddings(padded_vocab_rows(len(tokenizer)))
+                value_ids = (len(tokenizer), len(tokenizer) + 1)
+            value_rows = torch.zeros(2, output_layer.weight.shape[1])
+        model.config.update({VALUE_IDS_CONFIG_KEY: list(value_ids)})
+        prepare_backbone(model, device, gradient_checkpointing)
+        return cls(model, tokenizer, value_ids, value_rows.to(device), use_bf16_autocast)
+
+    @property
+    def device(self) -> torch.device:
+        return self.value_rows.device
+
+    @property
+    def output_weight(self) -> Tensor:
+        """[rows, H]: the output layer (tied to the input embedding in Qwen2.5-1.5B, not in 7B)."""
+        return self.model.get_output_embeddings().weight
+
+    def parameter_groups(self, lr: float, value_lr: float, weight_decay: float = 0.0) -> list[dict]:
+        """Optimizer groups: the model at `lr`, the two value rows at `value_lr`, no decay on the rows.
+
+        A separate group is what gives the rows their own step size under Adam (scaling their
+        gradient inside the shared output layer would cancel out).
+        """
+        return [
+            {"name": "backbone", "params": list(self.model.parameters()), "lr": lr, "weight_decay": weight_decay},
+            {"name": "value_rows", "params": [self.value_rows], "lr": value_lr, "weight_decay": 0.0},
+        ]
+
+    def forward(self, batch: TokenBatch, temperature: float = 1.0) -> PolicyOutput:
+        """One forward over a micro-batch: log-probs and entropy of the responses, V and Q.
+
+        The output layer is applied only at the positions that predict response tokens, and only
+        over the policy's ids; the readout touches only the two value rows, in fp32.
+        """
+        batch = batch.to(self.device)
+        mask = batch.response_mask                                     # [N, L]
+        targets = batch.response_ids[mask]                             # [M]
+        if int(targets.max()) >= self.n_policy_tokens:
+            raise ValueError("a response holds an id outside the policy's vocabulary (a value id?)")
+        with bf16_autocast(self.device, self.use_bf16_autocast):
+            hidden = final_hidden_states(self.model.base_model, batch)                  # [N, T, H]
+            predicting = gather_positions(hidden, batch.predicting_positions)[mask]      # [M, H]
+            logits = F.linear(predicting, self.output_weight[:self.n_policy_tokens])    # [M, n]
+        log_probs = policy_log_probs(logits, self.n_policy_tokens, temperature)         # [M, n] fp32
+        token_log_probs = log_probs.gather(-1, targets[:, None]).squeeze(-1)
+        boundaries = torch.stack([batch.v_positions, batch.q_positions], dim=1)
+        boundary_hidden = gather_positions(hidden, boundaries).float()                   # [N, 2, H]
+        readout = (boundary_hidden * self.value_rows).sum(-1)                            # [N, 2]
+        zeros = torch.zeros(mask.shape, device=self.device)
+        return PolicyOutput(
+            log_probs=zeros.masked_scatter(mask, token_log_probs),
+            entropy=zeros.masked_scatter(mask, entropy_from_log_probs(log_probs)),
+            response_mask=mask,
+            values=readout[:, 0],
+            q_values=readout[:, 1],
+        )
+
+    @torch.no_grad()
+    def write_value_rows(self) -> None:
+        """Copy the trained rows into the output layer, so its reserved logits ARE the values."""
+        self.output_weight[list(self.value_ids)] = self.value_rows.to(self.output_weight.dtype)
+
+    def save(self, out_dir: str | Path) -> Path:
+        """A plain HF checkpoint (model, tokenizer, chat template); `Policy.load` restores it exactly
+        (with bf16 weights, the fp32 rows are rounded to bf16 on the way into the output layer)."""
+        self.write_value_rows()
+        self.model.save_pretrained(out_dir)
+        self.tokenizer.save_pretrained(out_dir)
+        return Path(out_dir)

@@ -1,0 +1,46 @@
+"""Train a small byte-level BPE tokenizer on environment text, wrapped as a transformers tokenizer.
+
+It keeps Qwen2.5's special-token names and ChatML format, so the tiny model runs the same code path
+as a real Qwen2.5 checkpoint; only the vocabulary is small (hundreds of ids instead of 151,665).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from trainer_client.policy.chat import ENDOFTEXT, IM_END, IM_START, chatml_template
+
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2) -> PreTrainedTokenizerFast:
+    """A byte-level BPE over `texts` (any text encodes: all 256 bytes are in the alphabet).
+
+    The vocabulary stops growing before `vocab_size` once no pair occurs `min_frequency` times,
+    so size the model by `len(tokenizer)`, not by `vocab_size`. eos is `<|im_end|>` and pad is
+    `<|endoftext|>`, as in Qwen2.5-Instruct.
+    """
+    texts = list(texts)
+    if not any(texts):
+        raise ValueError("train_tokenizer needs at least one non-empty text")
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        additional_special_tokens=[IM_START],
+        chat_template=chatml_template(default_system_prompt=None),
+    )
