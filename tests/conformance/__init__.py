@@ -1,0 +1,1 @@
+"""The limen conformance suite: checks any env server against the wire contract (see README.md)."""
