@@ -170,17 +170,19 @@ def _group_stats(scores: Tensor, keys: Tensor, counted: Tensor) -> tuple[Tensor,
     """Per-group (count, sum, mean, unbiased std) of the `counted` scores, gathered back to every entry.
 
     scores, counted: [N]; keys: [N, K] integer, entries with equal rows form one group.
+    Summed in float64, where n equal float32 scores add up exactly: a group of equal scores gets a std of
+    exactly 0, not a rounding remainder that (score - mean) / (std + eps) would blow up to about 1e-3.
     """
     index = torch.unique(keys, dim=0, return_inverse=True)[1]
     num_groups = int(index.max()) + 1
-    counted_scores = torch.where(counted, scores, 0.0)
-    zeros = scores.new_zeros(num_groups)
-    count = zeros.index_add(0, index, counted.to(scores.dtype))
-    total = zeros.index_add(0, index, counted_scores)
+    exact = scores.double()
+    zeros = exact.new_zeros(num_groups)
+    count = zeros.index_add(0, index, counted.double())
+    total = zeros.index_add(0, index, torch.where(counted, exact, 0.0))
     mean = total / count.clamp(min=1)
-    squares = torch.where(counted, (scores - mean[index]) ** 2, 0.0)
+    squares = torch.where(counted, (exact - mean[index]) ** 2, 0.0)
     variance = zeros.index_add(0, index, squares) / (count - 1).clamp(min=1)
-    return count[index], total[index], mean[index], variance.sqrt()[index]
+    return tuple(stat[index].to(scores.dtype) for stat in (count, total, mean, variance.sqrt()))
 
 
 def _group_relative(scores: Tensor, keys: Tensor, counted: Tensor, *, divide_by_std: bool, eps: float,

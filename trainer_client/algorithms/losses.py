@@ -109,7 +109,10 @@ def explained_variance(predictions: Tensor, targets: Tensor, mask: Tensor) -> Te
     _check_same_shape(mask, predictions=predictions, targets=targets)
     targets_variance = _masked_variance(targets, mask)
     residual_variance = _masked_variance(targets - predictions, mask)
-    return torch.where(targets_variance > 0, 1.0 - residual_variance / targets_variance, torch.nan)
+    # A spread within float rounding (e.g. every return is -0.01 up to its last bit) is constant too;
+    # dividing by it would log values like -7e11.
+    rounding = torch.finfo(targets.dtype).eps * masked_mean(targets**2, mask)
+    return torch.where(targets_variance > rounding, 1.0 - residual_variance / targets_variance, torch.nan)
 
 
 def _masked_variance(x: Tensor, mask: Tensor) -> Tensor:

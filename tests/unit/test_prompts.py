@@ -1,0 +1,71 @@
+"""Prompt building and action parsing, on hand-written cases."""
+
+from trainer_client.prompts import (
+    ParsedAction, PastTurn, PromptConfig, build_prompt, expert_reply, format_penalty, parse_action, webshop_view,
+)
+
+
+def test_parse_valid_reply_lowercases_and_strips():
+    assert parse_action("<think>the mug is here</think><action> Take Mug 1 from Desk 1 </action>") == ParsedAction(
+        "take mug 1 from desk 1", True
+    )
+
+
+def test_parse_takes_first_action_block():
+    assert parse_action("<think>x</think><action>look</action><action>inventory</action>").action == "look"
+
+
+def test_missing_think_is_invalid_unless_not_required():
+    reply = "<action>look</action>"
+    assert parse_action(reply) == ParsedAction("look", False)
+    assert parse_action(reply, PromptConfig(require_think=False)) == ParsedAction("look", True)
+
+
+def test_missing_action_tags_is_invalid_and_passes_a_short_tail():
+    parsed = parse_action("<think>hmm</think> I would go to the fridge " + "x" * 100)
+    assert not parsed.valid and len(parsed.action) == 40
+
+
+def test_cjk_characters_make_a_reply_invalid():
+    assert not parse_action("<think>去冰箱</think><action>go to fridge 1</action>").valid
+
+
+def test_penalty_only_on_invalid():
+    cfg = PromptConfig(format_penalty=0.25)
+    assert format_penalty(ParsedAction("look", True), cfg) == 0.0
+    assert format_penalty(ParsedAction("look", False), cfg) == 0.25
+
+
+def test_expert_reply_round_trips():
+    assert parse_action(expert_reply("go to fridge 1")) == ParsedAction("go to fridge 1", True)
+
+
+def test_prompt_shows_only_last_k_turns_with_step_numbers():
+    history = [PastTurn(f"obs {i}", f"act {i}") for i in range(5)]
+    prompt = build_prompt("alfworld", "heat some egg", "You see a microwave 1.", ["go to microwave 1", "look"],
+                          history, step=5)
+    assert "[Step 4] observation: obs 3 | action: act 3" in prompt
+    assert "[Step 5] observation: obs 4 | action: act 4" in prompt
+    assert "obs 2" not in prompt
+    assert "You have taken 5 step(s) so far" in prompt
+    assert "You are now at step 6. Current observation: You see a microwave 1." in prompt
+    assert "Admissible actions: ['go to microwave 1', 'look']" in prompt
+    assert prompt.startswith("You are an expert agent acting in ALFWorld") and "Your task is to: heat some egg." in prompt
+
+
+def test_first_step_has_no_history_block():
+    prompt = build_prompt("toy", "go to the attic", "You are in the hall.", ["go to attic"], [], step=0)
+    assert "so far" not in prompt and "You are now at step 1." in prompt
+
+
+def test_history_observations_can_be_shortened():
+    history = [PastTurn("one two three four five six", "look")]
+    prompt = build_prompt("toy", "t", "o", [], history, step=1, cfg=PromptConfig(history_obs_max_words=3))
+    assert "observation: one two three ... | action: look" in prompt
+
+
+def test_webshop_view_drops_the_instruction_and_quotes_parts():
+    obs = "Instruction: [SEP] find a red mug [SEP] Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next >"
+    assert webshop_view(obs, "find a red mug") == "'Back to Search' [SEP] 'Page 1 (Total results: 50)' [SEP] 'Next >'"
+    done = "Thank you for shopping with us! [SEP] Your code: [SEP] None"
+    assert webshop_view(done, "find a red mug") == done

@@ -1,0 +1,147 @@
+"""The main job on the embedded default: SFT, then RL with the boundary critic, on generated ALFWorld games.
+
+    python -m trainer_client.demo [--config configs/demo.yaml] [key=value ...]
+
+One env server (a child process) serves every phase over gRPC: expert play for the warm start, RL
+rollouts, and held-out evaluation before and after RL. The model is a tiny Qwen2-architecture network
+with a tokenizer trained on the env's own text, so nothing is downloaded. The last line is
+`held-out success: sft=<float> rl=<float> games=<int>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from trainer_client import configuration
+from trainer_client.env_pool import EnvPool
+from trainer_client.evaluate import EVAL_TEMPERATURE, EvalResult, evaluate
+from trainer_client.local_server import local_env_server
+from trainer_client.policy import Policy, TransformersBackend, build_tiny_checkpoint
+from trainer_client.sft import expert_episodes, expert_samples, expert_texts, sft
+from trainer_client.train import TrainConfig, train
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    out_dir: str = "runs/demo"
+    env: str = "alfworld"
+    train_split: str = "train"
+    eval_split: str = "test"
+    server_args: tuple[str, ...] = ()
+    """Extra flags for the env server, e.g. ["--env-option", "alfworld.size=small"]."""
+    model_size: str = "tiny"
+    sft_episodes: int = 200
+    sft_epochs: float = 1.0
+    sft_lr: float = 2e-3
+    eval_episodes: int = 64
+    seed: int = 0
+    rl: TrainConfig = field(default_factory=TrainConfig)
+    """The RL run (model.path, env and run_dir are filled in by the demo)."""
+
+
+def plot(out: Path, sft_losses: list[float], metrics: list[dict], before: EvalResult, after: EvalResult) -> Path:
+    """One PNG: SFT loss, RL training success per iteration, held-out success before/after RL."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    axes[0].plot(sft_losses)
+    axes[0].set(title="SFT loss (expert replies)", xlabel="step", ylabel="-log p per token")
+    its = [m["iteration"] for m in metrics]
+    axes[1].plot(its, [m["rollout/success"] for m in metrics], label="train rollouts (T=1.0)")
+    axes[1].plot(its, [m["rollout/valid_action_ratio"] for m in metrics], label="valid-format ratio", alpha=0.6)
+    axes[1].set(title="RL (boundary critic)", xlabel="iteration", ylim=(0, 1.05))
+    axes[1].legend()
+    axes[2].bar(["after SFT", "after RL"], [before.success, after.success], color=["#999999", "#2a7ab9"])
+    axes[2].set(title=f"held-out success ({after.total.episodes} games, T={EVAL_TEMPERATURE})", ylim=(0, 1))
+    for i, value in enumerate([before.success, after.success]):
+        axes[2].text(i, value + 0.02, f"{value:.2f}", ha="center")
+    fig.tight_layout()
+    path = out / "demo.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult]:
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    started = time.perf_counter()
+
+    def note(message: str) -> None:
+        console.print(f"[dim]{time.perf_counter() - started:6.0f}s[/dim] {message}")
+
+    async with local_env_server([cfg.env], cfg.server_args, log_file=out / "env_server.log") as address:
+        note(f"env server up at {address} ({cfg.env})")
+        async with EnvPool([address]) as pool:
+            train_ids = sorted(await pool.list_tasks(cfg.env, cfg.train_split))
+            eval_ids = sorted(await pool.list_tasks(cfg.env, cfg.eval_split))[:cfg.eval_episodes]
+            rng = random.Random(cfg.seed)
+            sft_ids = rng.sample(train_ids, min(cfg.sft_episodes, len(train_ids)))
+            experts = await expert_episodes(pool, cfg.env, cfg.train_split, sft_ids, cfg.seed)
+            note(f"expert play: {len(experts)} episodes, {sum(len(e.turns) for e in experts)} turns, "
+                 f"{sum(e.won for e in experts)} won")
+
+            # A tokenizer trained on the env's own text, and a tiny random-init model: nothing to download.
+            texts = [t for pair in expert_texts(experts, cfg.rl.prompt) for t in pair]
+            base = build_tiny_checkpoint(texts, out / "base", size=cfg.model_size, seed=cfg.seed)
+            policy = Policy.load(base)
+            n_params = sum(p.numel() for p in policy.model.parameters())
+            note(f"tiny model: {n_params / 1e6:.2f}M parameters, vocabulary {len(policy.tokenizer)}")
+
+            samples = expert_samples(policy.tokenizer, experts, cfg.rl.prompt)
+            sft_losses = sft(policy, samples, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed, console=console)
+            policy.save(out / "sft")
+            note(f"SFT: {len(samples)} turn samples, loss {sft_losses[0]:.2f} -> {sft_losses[-1]:.3f}")
+
+            eval_rollout = dataclasses.replace(cfg.rl.rollout, temperature=EVAL_TEMPERATURE)
+            before = await evaluate(pool, TransformersBackend.from_policy(policy), policy.tokenizer, cfg.env,
+                                    cfg.eval_split, eval_ids, eval_rollout, cfg.rl.prompt, seed=cfg.seed)
+            note(f"held-out success after SFT: {before.success:.3f} ({before.total.won}/{before.total.episodes})")
+
+            rl_cfg = dataclasses.replace(
+                cfg.rl, run_dir=str(out / "rl"), seed=cfg.seed,
+                model=dataclasses.replace(cfg.rl.model, path=str(out / "sft")),
+                env=dataclasses.replace(cfg.rl.env, name=cfg.env, train_split=cfg.train_split, servers=(address,)))
+            await train(rl_cfg, console=console)
+            rl_policy = Policy.load(out / "rl" / "checkpoints" / (out / "rl" / "checkpoints" / "latest").read_text().strip() / "policy")
+            after = await evaluate(pool, TransformersBackend.from_policy(rl_policy), rl_policy.tokenizer, cfg.env,
+                                   cfg.eval_split, eval_ids, eval_rollout, cfg.rl.prompt, seed=cfg.seed)
+            note(f"held-out success after RL: {after.success:.3f} ({after.total.won}/{after.total.episodes})")
+
+    metrics = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines() if line]
+    (out / "results.json").write_text(json.dumps({"sft": before.as_dict(), "rl": after.as_dict(),
+                                                  "seconds": time.perf_counter() - started}, indent=2))
+    note(f"curve: {plot(out, sft_losses, metrics, before, after)}")
+    return before, after
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer_client.demo", description="SFT then RL on the embedded default.")
+    parser.add_argument("--config", help="YAML preset (default: configs/demo.yaml)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rl.iterations=10")
+    args = parser.parse_args(argv)
+    try:
+        cfg = configuration.load(DemoConfig, args.config, args.overrides)
+    except configuration.ConfigError as error:
+        parser.error(str(error))
+    console = Console(stderr=True)
+    before, after = asyncio.run(run(cfg, console))
+    print(f"held-out success: sft={before.success:.3f} rl={after.success:.3f} games={after.total.episodes}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""From played episodes to what the update needs: turn samples, the no-grad readout, and the TurnBatch.
+
+Layout: N turn samples listed episode by episode, turn by turn. That is exactly the order of the True
+entries of TurnBatch.mask, so `x[batch.mask] = flat` and `flat = x[batch.mask]` move between the
+[N, ...] sample layout and the [B, T, ...] episode layout without bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from trainer_client.distributed import rank_share, sum_across_ranks
+from trainer_client.algorithms import EstimatorNeeds, TurnBatch, ValueSource, assign_anchor_ids, pad_turns
+from trainer_client.policy import TokenBatch, TurnSample, micro_batches
+from trainer_client.rollout import EpisodeRecord
+
+
+def turn_samples(episodes: Sequence[EpisodeRecord]) -> list[TurnSample]:
+    return [TurnSample(t.prompt_ids, t.response_ids) for e in episodes for t in e.turns]
+
+
+@dataclass(frozen=True)
+class Readout:
+    """Per-sample tensors of one no-grad pass, padded to the longest response L of all N samples."""
+
+    log_probs: Tensor       # [N, L]
+    entropy: Tensor         # [N, L]
+    response_mask: Tensor   # [N, L] bool
+    values: Tensor          # [N] V at the last prompt token (boundary readout), or the critic's turn value
+    q_values: Tensor        # [N] Q at the last response token (zeros for a critic)
+    token_values: Tensor    # [N, L] a critic's value before each response token (zeros for the policy)
+
+
+def _pad_columns(x: Tensor, width: int) -> Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]))
+
+
+@torch.no_grad()
+def read(samples: Sequence[TurnSample], forward: Callable[[TokenBatch], dict[str, Tensor]], pad_id: int,
+         micro_batch_tokens: int) -> dict[str, Tensor]:
+    """Run `forward` over micro-batches of `samples` and stitch its outputs back in sample order.
+
+    `forward` returns a dict of [n] or [n, L_micro] tensors; [n, L] ones are padded to the global L.
+    """
+    width = max(len(s.response_ids) for s in samples)
+    parts: dict[str, list[tuple[list[int], Tensor]]] = {}
+    for group, share in rank_share(micro_batches([len(s) for s in samples], micro_batch_tokens)):
+        outputs = forward(TokenBatch.from_samples([samples[i] for i in group], pad_id))
+        for name, value in outputs.items():
+            value = value.detach().float().cpu() if value.is_floating_point() else value.cpu()
+            if share == 0:  # a padding pass (FSDP ranks forward equally often): the owning rank has the values
+                value = torch.zeros_like(value)
+            parts.setdefault(name, []).append((group, _pad_columns(value, width) if value.dim() == 2 else value))
+    stitched = {}
+    for name, pieces in parts.items():
+        first = pieces[0][1]
+        out = torch.zeros((len(samples), *first.shape[1:]), dtype=first.dtype)
+        for group, value in pieces:
+            out[group] = value
+        stitched[name] = sum_across_ranks(out)   # ranks filled disjoint rows
+    return stitched
+
+
+def policy_readout(policy, samples: Sequence[TurnSample], micro_batch_tokens: int) -> Readout:
+    """Old log-probs, entropies, V and Q from the policy, in one pass (no separate value model)."""
+    def forward(batch: TokenBatch) -> dict[str, Tensor]:
+        out = policy(batch)
+        return {"log_probs": out.log_probs, "entropy": out.entropy, "response_mask": out.response_mask,
+                "values": out.values, "q_values": out.q_values}
+
+    r = read(samples, forward, pad_id(policy.tokenizer), micro_batch_tokens)
+    return Readout(r["log_probs"], r["entropy"], r["response_mask"], r["values"], r["q_values"],
+                   torch.zeros_like(r["log_probs"]))
+
+
+def critic_readout(critic, samples: Sequence[TurnSample], pad: int, micro_batch_tokens: int) -> Tensor:
+    """[N, L]: the critic's value before each response token; column 0 is its turn value V(s_t)."""
+    return read(samples, lambda batch: {"token_values": critic(batch)}, pad, micro_batch_tokens)["token_values"]
+
+
+def pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def scatter_turns(flat: Tensor, mask: Tensor) -> Tensor:
+    """[N, ...] sample layout -> [B, T, ...] episode layout (zeros on padded turns)."""
+    out = torch.zeros((*mask.shape, *flat.shape[1:]), dtype=flat.dtype)
+    out[mask] = flat
+    return out
+
+
+def turn_batch(episodes: Sequence[EpisodeRecord], old: Readout, needs: EstimatorNeeds,
+               critic_token_values: Tensor | None = None, last_values: Tensor | None = None,
+               anchor_similarity: float = 1.0) -> TurnBatch:
+    """The estimator's input, with exactly the optional fields `needs` asks for (anchor_similarity: see
+    assign_anchor_ids)."""
+    mask = pad_turns([[1.0] * len(e.turns) for e in episodes]).bool()
+    lengths = old.response_mask.sum(-1)
+    token_mask = scatter_turns(old.response_mask, mask)
+    fields: dict[str, Tensor | None] = {}
+    if needs.values is ValueSource.BOUNDARY:
+        fields["values"], fields["q_values"] = scatter_turns(old.values, mask), scatter_turns(old.q_values, mask)
+    elif needs.values is ValueSource.CRITIC_TURN:
+        fields["values"] = scatter_turns(critic_token_values[:, 0], mask)
+    elif needs.values is ValueSource.CRITIC_TOKEN:
+        fields["token_values"] = scatter_turns(critic_token_values, mask)
+    if needs.entropy:
+        fields["entropy"] = scatter_turns((old.entropy * old.response_mask).sum(-1) / lengths.clamp(min=1), mask)
+    if needs.anchor_ids:
+        fields["anchor_ids"] = assign_anchor_ids([[t.observation for t in e.turns] for e in episodes],
+                                                 [e.task.group_id for e in episodes], anchor_similarity)
+    if needs.last_values:
+        if last_values is None:
+            raise ValueError("this estimator bootstraps truncated episodes: pass last_values")
+        fields["last_values"] = last_values
+    return TurnBatch(
+        rewards=pad_turns([[t.reward for t in e.turns] for e in episodes]),
+        penalties=pad_turns([[t.penalty for t in e.turns] for e in episodes]),
+        mask=mask,
+        terminated=torch.tensor([e.terminated for e in episodes], dtype=torch.bool),
+        group_ids=torch.tensor([e.task.group_id for e in episodes], dtype=torch.long),
+        token_mask=token_mask,
+        **fields,
+    )

@@ -1,0 +1,70 @@
+"""Start an env server as a child process on a free loopback port, for runs given no `--env-servers`.
+
+The trainer then talks to it over a real gRPC channel, exactly as it would to a pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+READINESS_SERVICE = "limen.env.v1.EnvService"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_until_serving(address: str, process: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with grpc.aio.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the env server exited with code {process.returncode} before serving")
+            try:
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=READINESS_SERVICE), timeout=2)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the env server at {address} was not serving after {timeout_s:.0f} s")
+            await asyncio.sleep(0.2)
+
+
+@contextlib.asynccontextmanager
+async def local_env_server(envs: Sequence[str], extra_args: Sequence[str] = (), log_file: Path | None = None,
+                           start_timeout_s: float = 900.0) -> AsyncIterator[str]:
+    """Yields the address of a `python -m env_server` child; drains it (SIGTERM) on exit."""
+    port = free_port()
+    command = [sys.executable, "-m", "env_server", "--envs", ",".join(envs), "--port", str(port),
+               "--metrics-port", "-1", *extra_args]
+    log = open(log_file, "ab") if log_file else subprocess.DEVNULL
+    process = subprocess.Popen(command, stdout=log, stderr=log, env=os.environ.copy())
+    address = f"127.0.0.1:{port}"
+    try:
+        await wait_until_serving(address, process, start_timeout_s)
+        yield address
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.to_thread(process.wait, 30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        if log is not subprocess.DEVNULL:
+            log.close()

@@ -1,0 +1,133 @@
+"""Per-env prompts and action parsing: what the policy reads each turn and how its reply becomes an action.
+
+The structure follows the anchor protocol (verl-agent), so results compare: the task, the number of steps
+taken, the last k (observation, action) pairs, the current observation, the admissible actions, then a
+request to reason in <think> and answer in <action>. The wording is our own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+ACTION_OPEN, ACTION_CLOSE = "<action>", "</action>"
+_ACTION_RE = re.compile(re.escape(ACTION_OPEN) + r"(.*?)" + re.escape(ACTION_CLOSE), re.DOTALL)
+_CJK_RE = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+# An invalid reply still reaches the env (which answers "Nothing happens."), cut to this many characters.
+INVALID_ACTION_CHARS = 40
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    history_turns: int = 2
+    """How many past (observation, action) pairs the prompt repeats (anchor: 2)."""
+    history_obs_max_words: int = 0
+    """Cut each past observation to this many words (0 = keep whole); small CPU models need short prompts."""
+    list_admissible: bool = True
+    """Show the admissible actions (the anchor does)."""
+    require_think: bool = True
+    """A reply without <think>...</think> counts as format-invalid (verl-agent's rule)."""
+    format_penalty: float = 0.01
+    """Subtracted from a turn's reward when its reply is format-invalid (verl-agent's 0.1 on its x10 scale)."""
+    example: str = ""
+    """A worked example shown before the task (the ReAct-style prompting baseline, trainer_client/prompting.py)."""
+
+
+@dataclass(frozen=True)
+class PastTurn:
+    observation: str
+    action: str
+
+
+@dataclass(frozen=True)
+class ParsedAction:
+    action: str
+    valid: bool
+
+
+_INTROS = {
+    "alfworld": "You are an expert agent acting in ALFWorld, a text-based household simulator.",
+    "webshop": "You are an expert agent shopping online in the WebShop store.",
+    "toy": "You are an agent moving through a small text world of rooms and objects.",
+}
+_GENERIC_INTRO = "You are an expert agent acting in a text environment."
+_CLOSING = (
+    "Think step by step about what to do next inside <think> </think>. Then choose one admissible action "
+    "and write it inside <action> </action>."
+)
+_WEBSHOP_CLOSING = (
+    "Think step by step inside <think> </think> about which admissible action brings you closest to buying "
+    "what the task asks for. Then write that action inside <action> </action>."
+)
+
+
+def shorten(text: str, max_words: int) -> str:
+    words = text.split()
+    return text if max_words <= 0 or len(words) <= max_words else " ".join(words[:max_words]) + " ..."
+
+
+def webshop_view(observation: str, instruction: str) -> str:
+    """The page without the repeated instruction, each text part quoted (verl-agent's layout)."""
+    parts = observation.split(" [SEP] ")
+    if instruction in parts:
+        parts = parts[parts.index(instruction) + 1:]
+    else:  # e.g. the done page, which does not repeat the instruction
+        return observation
+    return " [SEP] ".join(f"'{p}'" for p in parts)
+
+
+def _format_actions(env: str, actions: Sequence[str]) -> str:
+    if env == "webshop":
+        return "[\n" + "\n".join(f"'{a}'," for a in actions) + "\n]"
+    return "[" + ", ".join(f"'{a}'" for a in actions) + "]"
+
+
+def build_prompt(
+    env: str,
+    instruction: str,
+    observation: str,
+    admissible_actions: Sequence[str],
+    history: Sequence[PastTurn],
+    step: int,
+    cfg: PromptConfig = PromptConfig(),
+) -> str:
+    """The user message of turn `step` (0-based). `history` holds every past turn; the last k are shown."""
+    view = (lambda o: webshop_view(o, instruction)) if env == "webshop" else (lambda o: o)
+    intro, task = _INTROS.get(env, _GENERIC_INTRO), f"Your task is to: {instruction}."
+    lines = [intro, cfg.example, f"Now your own task. {task}"] if cfg.example else [f"{intro} {task}"]
+    shown = list(history)[-cfg.history_turns:] if cfg.history_turns > 0 else []
+    if shown:
+        first = step - len(shown) + 1
+        past = "\n".join(
+            f"[Step {first + i}] observation: {shorten(view(t.observation), cfg.history_obs_max_words)} "
+            f"| action: {t.action}"
+            for i, t in enumerate(shown)
+        )
+        lines.append(f"You have taken {step} step(s) so far. Your last {len(shown)} observation(s) and action(s):\n{past}")
+    lines.append(f"You are now at step {step + 1}. Current observation: {view(observation)}")
+    if cfg.list_admissible:
+        lines.append(f"Admissible actions: {_format_actions(env, admissible_actions)}")
+    lines.append(_WEBSHOP_CLOSING if env == "webshop" else _CLOSING)
+    return "\n".join(lines)
+
+
+def parse_action(reply: str, cfg: PromptConfig = PromptConfig()) -> ParsedAction:
+    """The action inside the first <action>...</action>, lowercased; format-valid as verl-agent judges it."""
+    text = reply.lower()
+    match = _ACTION_RE.search(text)
+    has_think = THINK_OPEN in text and THINK_CLOSE in text
+    valid = match is not None and (has_think or not cfg.require_think) and not _CJK_RE.search(text)
+    if match is not None and match.group(1).strip():
+        return ParsedAction(match.group(1).strip(), valid)
+    return ParsedAction(text.strip()[-INVALID_ACTION_CHARS:], False)
+
+
+def format_penalty(parsed: ParsedAction, cfg: PromptConfig = PromptConfig()) -> float:
+    return 0.0 if parsed.valid else cfg.format_penalty
+
+
+def expert_reply(action: str, thought: str = "") -> str:
+    """The reply an SFT target uses for an expert action."""
+    return f"{THINK_OPEN}{thought}{THINK_CLOSE}{ACTION_OPEN}{action}{ACTION_CLOSE}"

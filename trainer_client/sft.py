@@ -1,0 +1,187 @@
+"""Supervised warm start from expert trajectories, in exactly the prompt format RL uses.
+
+Expert episodes come from the envs themselves (`info["expert_action"]`, which ALFWorld, WebShop and the toy
+env all provide) played through the env pool, or from a JSONL export (ALFWorld's expert_export). Each turn
+becomes one (prompt, expert reply) sample; the loss is the policy's masked log-likelihood of the reply.
+
+    python -m trainer_client.sft --checkpoint DIR --env alfworld --split train --episodes 200 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import random
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from trainer_client.env_pool import EnvPool
+from trainer_client.env_types import EnvPoolError
+from trainer_client.experience import pad_id
+from trainer_client.policy import Policy, TokenBatch, TurnSample, micro_batches
+from trainer_client.prompts import PastTurn, PromptConfig, build_prompt, expert_reply
+from trainer_client.rollout import encode_prompt
+
+
+@dataclass(frozen=True)
+class ExpertTurn:
+    observation: str
+    admissible_actions: tuple[str, ...]
+    action: str
+
+
+@dataclass(frozen=True)
+class ExpertEpisode:
+    env: str
+    task_id: str
+    category: str
+    instruction: str
+    turns: tuple[ExpertTurn, ...]
+    won: bool
+
+
+async def play_expert(pool: EnvPool, env: str, split: str, task_id: str, seed: int = 0) -> ExpertEpisode:
+    """Follow the env's own expert (`info["expert_action"]`) to the end of the episode."""
+    turns = []
+    async with await pool.open(env, split, task_id, seed=seed) as episode:
+        t = episode.first
+        while not t.done:
+            action = t.info.get("expert_action")
+            if not action:
+                raise ValueError(f"{env} gave no expert_action at step {t.step_index} of task {task_id}")
+            turns.append(ExpertTurn(t.observation, tuple(t.admissible_actions), action))
+            t = await episode.step(action)
+        first = episode.first
+        return ExpertEpisode(env, task_id, first.task_category, first.instruction, tuple(turns), t.won)
+
+
+async def expert_episodes(pool: EnvPool, env: str, split: str, task_ids: Sequence[str], seed: int = 0,
+                          concurrency: int = 16) -> list[ExpertEpisode]:
+    """Expert play of every task (infrastructure failures are skipped and reported, not hidden)."""
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(task_id: str) -> ExpertEpisode | None:
+        async with limit:
+            try:
+                return await play_expert(pool, env, split, task_id, seed)
+            except EnvPoolError as error:
+                print(f"expert episode {task_id} dropped: {error}", file=sys.stderr)
+                return None
+
+    return [e for e in await asyncio.gather(*(one(t) for t in task_ids)) if e is not None]
+
+
+def read_jsonl(path: str | Path) -> list[ExpertEpisode]:
+    """Episodes exported as JSONL: {env, task_id, category, instruction, won, turns: [{observation,
+    admissible_actions, expert_action}]} per line (ALFWorld's expert_export writes these fields)."""
+    episodes = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            turns = tuple(ExpertTurn(t["observation"], tuple(t["admissible_actions"]), t["expert_action"])
+                          for t in r["turns"])
+            episodes.append(ExpertEpisode(r.get("env", "alfworld"), r["task_id"], r.get("category", ""),
+                                          r["instruction"], turns, bool(r.get("won", True))))
+    return episodes
+
+
+def expert_texts(episodes: Iterable[ExpertEpisode], prompts: PromptConfig) -> Iterable[tuple[str, str]]:
+    """(user prompt, expert reply) per turn, built exactly as the rollout builds its prompts."""
+    for e in episodes:
+        history: list[PastTurn] = []
+        for step, turn in enumerate(e.turns):
+            yield (build_prompt(e.env, e.instruction, turn.observation, turn.admissible_actions, history, step, prompts),
+                   expert_reply(turn.action))
+            history.append(PastTurn(turn.observation, turn.action))
+
+
+def expert_samples(tokenizer, episodes: Iterable[ExpertEpisode], prompts: PromptConfig) -> list[TurnSample]:
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return [TurnSample(encode_prompt(tokenizer, user), tuple(tokenizer.encode(reply, add_special_tokens=False)) + (end,))
+            for user, reply in expert_texts(episodes, prompts)]
+
+
+def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: float, batch_turns: int = 32,
+        micro_batch_tokens: int = 16384, grad_clip: float = 1.0, seed: int = 0,
+        console: Console | None = None) -> list[float]:
+    """Maximize the masked log-likelihood of the expert replies (token-mean). Returns the loss per step.
+
+    `epochs` may be fractional: a short warm start that leaves the policy room to improve with RL.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    steps = max(1, math.ceil(epochs * len(samples) / batch_turns))
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, steps // 10)))
+    pad, losses, order = pad_id(policy.tokenizer), [], torch.empty(0, dtype=torch.long)
+    policy.train()
+    progress = Progress(TextColumn("[bold]SFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("loss {task.fields[loss]:.3f}"), console=console or Console(stderr=True))
+    with progress:
+        bar = progress.add_task("sft", total=steps, loss=float("nan"))
+        for _ in range(steps):
+            if len(order) < batch_turns:
+                order = torch.cat([order, torch.randperm(len(samples), generator=generator)])
+            batch, order = order[:batch_turns], order[batch_turns:]
+            tokens = sum(len(samples[i].response_ids) for i in batch.tolist())
+            optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for group in micro_batches([len(samples[i]) for i in batch.tolist()], micro_batch_tokens):
+                chosen = [samples[i] for i in batch[group].tolist()]
+                out = policy(TokenBatch.from_samples(chosen, pad))
+                loss = -(out.log_probs * out.response_mask).sum() / tokens
+                loss.backward()
+                total += loss.item()
+            torch.nn.utils.clip_grad_norm_(policy.model.parameters(), grad_clip)
+            optimizer.step()
+            schedule.step()
+            losses.append(total)
+            progress.update(bar, advance=1, loss=total)
+    return losses
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainer_client.local_server import local_env_server
+
+    parser = argparse.ArgumentParser(prog="python -m trainer_client.sft", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="policy checkpoint to start from")
+    parser.add_argument("--out", required=True, help="where to save the fine-tuned checkpoint")
+    parser.add_argument("--data", help="expert JSONL; without it, experts play --env/--split through a server")
+    parser.add_argument("--env", default="alfworld")
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--episodes", type=int, default=0, help="tasks to play (0: all)")
+    parser.add_argument("--env-servers", default="", help="comma-separated targets; empty starts a local server")
+    parser.add_argument("--epochs", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    async def load_episodes() -> list[ExpertEpisode]:
+        if args.data:
+            return read_jsonl(args.data)
+        servers = [s for s in args.env_servers.split(",") if s]
+        async with local_env_server([args.env]) if not servers else contextlib.nullcontext(None) as target:
+            async with EnvPool(servers or [target]) as pool:
+                task_ids = sorted(await pool.list_tasks(args.env, args.split))
+                task_ids = random.Random(args.seed).sample(task_ids, min(len(task_ids), args.episodes or len(task_ids)))
+                return await expert_episodes(pool, args.env, args.split, task_ids, args.seed)
+
+    episodes = asyncio.run(load_episodes())
+    policy = Policy.load(args.checkpoint)
+    samples = expert_samples(policy.tokenizer, episodes, PromptConfig())
+    losses = sft(policy, samples, epochs=args.epochs, lr=args.lr, seed=args.seed)
+    policy.save(args.out)
+    print(f"sft: {len(episodes)} episodes, {len(samples)} turns, final loss {losses[-1]:.4f} -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

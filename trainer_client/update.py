@@ -1,0 +1,125 @@
+"""PPO epochs over turn samples: mini-batches for optimizer steps, micro-batches (by token budget) for memory.
+
+A mini-batch's loss is the same whatever its micro-batching: each micro-batch's token-mean (or
+sequence-mean) is weighted by its share of the mini-batch's tokens (or sequences) before backward.
+Under torchrun each rank takes its share of the micro-batches (trainer_client/distributed.py).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from trainer_client.algorithms import LossConfig, policy_objective, value_loss
+from trainer_client.distributed import mean_metrics, rank_share
+from trainer_client.policy import TokenBatch, TurnSample, micro_batches
+
+
+@dataclass(frozen=True)
+class UpdateTargets:
+    """Everything the update compares against, in the [N, ...] sample layout (see experience.py)."""
+
+    old_log_probs: Tensor            # [N, L]
+    response_mask: Tensor            # [N, L] bool
+    advantages: Tensor               # [N, L]
+    ref_log_probs: Tensor | None     # [N, L], when the KL term is on
+    old_values: Tensor | None        # [N] boundary V, when the policy learns values
+    old_q_values: Tensor | None      # [N] boundary Q
+    returns: Tensor | None           # [N] target of V
+    q_returns: Tensor | None         # [N] target of Q
+
+
+def mini_batches(n: int, size: int, generator: torch.Generator | None = None) -> list[Tensor]:
+    """A shuffled partition of range(n) into chunks of `size` (the last may be smaller)."""
+    order = torch.randperm(n, generator=generator)
+    return list(order.split(max(1, size)))
+
+
+def _weight(indices: Tensor, mask: Tensor, whole: Tensor, loss_cfg: LossConfig) -> float:
+    """This micro-batch's share of its mini-batch, in the unit the loss averages over."""
+    if loss_cfg.aggregation == "token-mean":
+        return float(mask[indices].sum()) / max(1.0, float(mask[whole].sum()))
+    return len(indices) / len(whole)
+
+
+def _accumulate(metrics: dict[str, list[float]], name: str, value: Tensor | float | None) -> None:
+    if value is not None:
+        metrics[name].append(float(value))
+
+
+def ppo_policy_update(policy, optimizer: torch.optim.Optimizer, samples: Sequence[TurnSample],
+                      targets: UpdateTargets, loss_cfg: LossConfig, *, epochs: int, mini_batch_turns: int,
+                      micro_batch_tokens: int, grad_clip: float, pad_id: int) -> dict[str, float]:
+    """The actor's PPO epochs; with the boundary readout, V and Q learn in the same backward pass."""
+    learn_values = targets.returns is not None
+    metrics: dict[str, list[float]] = defaultdict(list)
+    policy.train()
+    for _ in range(epochs):
+        for mini in mini_batches(len(samples), mini_batch_turns):
+            optimizer.zero_grad(set_to_none=True)
+            lengths = [len(samples[i]) for i in mini.tolist()]
+            total = 0.0
+            for group, share in rank_share(micro_batches(lengths, micro_batch_tokens)):
+                idx = mini[group]
+                out = policy(TokenBatch.from_samples([samples[i] for i in idx.tolist()], pad_id))
+                width = out.log_probs.shape[1]
+                mask = targets.response_mask[idx, :width].to(out.log_probs.device)
+                take = lambda x: None if x is None else x[idx, :width].to(out.log_probs.device)  # noqa: E731
+                actor = policy_objective(loss_cfg, out.log_probs, take(targets.old_log_probs),
+                                         take(targets.advantages), mask, take(targets.ref_log_probs), out.entropy)
+                loss = actor.loss * _weight(idx, targets.response_mask, mini, loss_cfg)
+                if learn_values:
+                    turns = torch.ones(len(idx), dtype=torch.bool)
+                    v_loss = value_loss(out.values.cpu(), targets.old_values[idx], targets.returns[idx], turns,
+                                        loss_cfg.value_clip)
+                    q_loss = value_loss(out.q_values.cpu(), targets.old_q_values[idx], targets.q_returns[idx],
+                                        turns, loss_cfg.value_clip)
+                    loss = loss + loss_cfg.value_coef * (v_loss + q_loss) * (len(idx) / len(mini))
+                (loss * share).backward()
+                if share == 0:  # a padding pass: keeps the ranks' FSDP collectives in step, counts for nothing
+                    continue
+                total += float(loss.detach()) * share
+                if learn_values:
+                    _accumulate(metrics, "loss/value", v_loss.detach())
+                    _accumulate(metrics, "loss/q_value", q_loss.detach())
+                _accumulate(metrics, "loss/policy", actor.pg_loss)
+                _accumulate(metrics, "loss/kl", actor.kl)
+                _accumulate(metrics, "policy/entropy", actor.entropy)
+                _accumulate(metrics, "policy/clip_fraction", actor.clip_fraction)
+                _accumulate(metrics, "policy/approx_kl", actor.approx_kl)
+            _accumulate(metrics, "loss/total", total)  # the mini-batch's loss (summed over ranks: see mean_metrics)
+            _accumulate(metrics, "policy/grad_norm", torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip))
+            optimizer.step()
+    return mean_metrics({k: sum(v) / len(v) for k, v in metrics.items()})
+
+
+def critic_update(critic, optimizer: torch.optim.Optimizer, samples: Sequence[TurnSample], old_values: Tensor,
+                  returns: Tensor, value_mask: Tensor, loss_cfg: LossConfig, *, epochs: int,
+                  mini_batch_turns: int, micro_batch_tokens: int, grad_clip: float, pad_id: int,
+                  select: Callable[[Tensor], Tensor]) -> dict[str, float]:
+    """The separate critic's epochs. `select` picks what it is trained on from its [n, L] output:
+    column 0 (turn form) or every response position (verl's token form); `old_values`, `returns` and
+    `value_mask` are in that same selected layout, [N] or [N, L]."""
+    metrics: dict[str, list[float]] = defaultdict(list)
+    critic.train()
+    for _ in range(epochs):
+        for mini in mini_batches(len(samples), mini_batch_turns):
+            optimizer.zero_grad(set_to_none=True)
+            lengths = [len(samples[i]) for i in mini.tolist()]
+            total = float(value_mask[mini].sum())
+            for group, share in rank_share(micro_batches(lengths, micro_batch_tokens)):
+                idx = mini[group]
+                predicted = select(critic(TokenBatch.from_samples([samples[i] for i in idx.tolist()], pad_id))).cpu()
+                cut = (slice(None),) if predicted.dim() == 1 else (slice(None), slice(0, predicted.shape[1]))
+                mask = value_mask[idx][cut]
+                loss = value_loss(predicted, old_values[idx][cut], returns[idx][cut], mask, loss_cfg.value_clip)
+                (loss * float(mask.sum()) / max(1.0, total) * share).backward()
+                if share:
+                    _accumulate(metrics, "critic/loss", loss.detach())
+            _accumulate(metrics, "critic/grad_norm", torch.nn.utils.clip_grad_norm_(critic.parameters(), grad_clip))
+            optimizer.step()
+    return mean_metrics({k: sum(v) / len(v) for k, v in metrics.items()})
