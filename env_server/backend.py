@@ -66,7 +66,9 @@ def page_of(tasks: tuple[Task, ...], page_size: int, page_token: str) -> TaskPag
     """One page of `tasks`; page_size 0 means all of them. The token is the next offset, as text."""
     if page_size < 0:
         raise InvalidRequest(f"page_size must be >= 0, got {page_size}")
-    if page_token and not (page_token.isdecimal() and int(page_token) <= len(tasks)):
+    # The length check comes first: int() refuses (ValueError) strings of over 4,300 digits.
+    if page_token and not (page_token.isdecimal() and len(page_token) <= len(str(len(tasks)))
+                           and int(page_token) <= len(tasks)):
         raise InvalidRequest(f"page_token {page_token!r} is not one this server issued")
     start = int(page_token or 0)
     end = len(tasks) if page_size == 0 else min(len(tasks), start + page_size)

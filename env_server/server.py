@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -94,6 +95,43 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         return _rejecting(handler)
 
 
+class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
+    """A unary EnvService request that does not parse (corrupt wire format, bad UTF-8 in a string field)
+    gets INVALID_ARGUMENT with the parser's reason, where gRPC alone answers UNKNOWN. An Episode stream's
+    messages are parsed inside the servicer, which maps DecodeError itself."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._metrics = metrics
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if (handler is None or handler.request_streaming or handler.response_streaming
+                or not handler_call_details.method.startswith(f"/{ENV_SERVICE}/")):
+            return handler
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        parse, behavior = handler.request_deserializer, handler.unary_unary
+
+        def parse_leniently(raw: bytes):
+            try:
+                return parse(raw)
+            except DecodeError as error:
+                return _Malformed(f"the {method} request does not parse: {error}")
+
+        async def answer(request, context: grpc.aio.ServicerContext):
+            if isinstance(request, _Malformed):
+                self._metrics.errors.labels(method, "INVALID_ARGUMENT").inc()
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.reason)
+            return await behavior(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(answer, request_deserializer=parse_leniently,
+                                                   response_serializer=handler.response_serializer)
+
+
+@dataclass(frozen=True)
+class _Malformed:
+    reason: str
+
+
 def _rejecting(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     """A handler of the same shape as `handler` that answers UNAUTHENTICATED."""
     async def reject(request_or_iterator, context: grpc.aio.ServicerContext) -> None:
@@ -142,7 +180,9 @@ async def serve(config: ServerConfig) -> AsyncIterator[RunningServer]:
     metrics = ServerMetrics()
     version = server_version()
     async with open_backend(config, metrics) as backend:
+        # The token check goes first: an unauthenticated caller learns nothing, not even a parse error.
         interceptors = [BearerTokenInterceptor(config.auth_token, metrics)] if config.auth_token else []
+        interceptors.append(MalformedRequestInterceptor(metrics))
         server = grpc.aio.server(options=grpc_options(config), interceptors=interceptors)
         env_pb2_grpc.add_EnvServiceServicer_to_server(EnvService(backend, metrics, version), server)
         health_servicer = health.aio.HealthServicer()

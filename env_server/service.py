@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from env_server.backend import EnvBackend, Load, UnknownEnv
 from env_server.envs.base import EnvError, EpisodeOver, NotReset, Split, TaskExcluded, UnknownSplit, UnknownTask
@@ -26,6 +27,7 @@ log = logging.getLogger("limen.env_server.service")
 # The most specific class in an error's MRO decides (env.proto lists these codes).
 STATUS_BY_ERROR: dict[type[Exception], grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    DecodeError: grpc.StatusCode.INVALID_ARGUMENT,  # an Episode stream message that does not parse
     EnvError: grpc.StatusCode.INVALID_ARGUMENT,
     UnknownEnv: grpc.StatusCode.NOT_FOUND,
     UnknownSplit: grpc.StatusCode.NOT_FOUND,
@@ -42,8 +44,20 @@ STATUS_BY_ERROR: dict[type[Exception], grpc.StatusCode] = {
 }
 
 
+# Details travel in a trailer that clients refuse above 8 KiB (and may drop above a soft limit), and they
+# often quote the request. 512 characters stay under it even at 4 UTF-8 bytes each, percent-encoded (x3).
+MAX_DETAILS_CHARS = 512
+
+
 def status_for(error: Exception) -> grpc.StatusCode | None:
     return next((STATUS_BY_ERROR[cls] for cls in type(error).__mro__ if cls in STATUS_BY_ERROR), None)
+
+
+def bounded_details(text: str) -> str:
+    """Error details short enough to reach the client, however long the request field they quote."""
+    if len(text) <= MAX_DETAILS_CHARS:
+        return text
+    return f"{text[:MAX_DETAILS_CHARS]}... ({len(text) - MAX_DETAILS_CHARS} more characters)"
 
 
 # ---- proto -> domain ---------------------------------------------------------------------------------
@@ -174,4 +188,4 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
                 log.exception("%s failed unexpectedly", method)
                 code = grpc.StatusCode.INTERNAL
             self._metrics.errors.labels(method, code.name).inc()
-            await context.abort(code, str(error) or type(error).__name__)
+            await context.abort(code, bounded_details(str(error) or type(error).__name__))

@@ -60,12 +60,17 @@ class PoolConfig:
     load_poll_interval_s: float = 1.0
     resolve_interval_s: float = 30.0
     allow_mixed_versions: bool = False
+    # A server restarted on its address is dialed again within this long (gRPC's own default backs off to 120 s).
+    max_reconnect_backoff_s: float = 5.0
     # Keepalive: detects a dead peer on an idle connection. The server must permit pings this often.
     keepalive_time_s: float = 30.0
     keepalive_timeout_s: float = 10.0
     max_message_bytes: int = 32 * 2**20
     auth_token: str | None = field(default=None, repr=False)
     tls_root_cert: str | None = None       # PEM file of the CA that signed the servers' certificates
+    # PEM certificate chain and key this client shows to servers that require mutual TLS.
+    tls_client_cert: str | None = None
+    tls_client_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.transport not in ("stream", "unary"):
@@ -73,12 +78,14 @@ class PoolConfig:
         positive = ("reset_timeout_s", "step_timeout_s", "query_timeout_s", "episode_timeout_s",
                     "load_poll_interval_s", "resolve_interval_s", "keepalive_time_s", "keepalive_timeout_s",
                     "retry_initial_backoff_s", "retry_max_backoff_s", "retry_attempts", "placement_rounds",
-                    "max_message_bytes")
+                    "max_message_bytes", "max_reconnect_backoff_s")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.replay_attempts < 0:
             raise ValueError(f"replay_attempts must be >= 0, got {self.replay_attempts}")
+        if (self.tls_client_cert is None) != (self.tls_client_key is None):
+            raise ValueError("tls_client_cert and tls_client_key go together")
 
     def channel_options(self) -> list[tuple[str, int]]:
         return [
@@ -88,6 +95,7 @@ class PoolConfig:
             ("grpc.http2.max_pings_without_data", 0),
             ("grpc.max_send_message_length", self.max_message_bytes),
             ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_reconnect_backoff_ms", int(self.max_reconnect_backoff_s * 1000)),
         ]
 
 
@@ -448,8 +456,10 @@ class EnvPool:
         token = self.config.auth_token
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         self._credentials = None
-        if self.config.tls_root_cert:
-            self._credentials = grpc.ssl_channel_credentials(Path(self.config.tls_root_cert).read_bytes())
+        if self.config.tls_root_cert or self.config.tls_client_cert:
+            self._credentials = grpc.ssl_channel_credentials(*(
+                Path(pem).read_bytes() if pem else None
+                for pem in (self.config.tls_root_cert, self.config.tls_client_key, self.config.tls_client_cert)))
 
     # ---- life cycle ---------------------------------------------------------------------------------
     async def __aenter__(self) -> EnvPool:

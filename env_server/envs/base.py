@@ -37,6 +37,10 @@ class NotReset(EnvError):
     """A step before any reset (FAILED_PRECONDITION)."""
 
 
+class InvalidOptions(EnvError, ValueError):
+    """Reset options the env does not take (INVALID_ARGUMENT); a ValueError too, as bad arguments are."""
+
+
 @dataclass(frozen=True)
 class Task:
     task_id: str
