@@ -44,6 +44,7 @@ class DemoConfig:
     sft_episodes: int = 200
     sft_epochs: float = 1.0
     sft_lr: float = 2e-3
+    sft_batch_turns: int = 16
     eval_episodes: int = 64
     seed: int = 0
     rl: TrainConfig = field(default_factory=TrainConfig)
@@ -102,7 +103,8 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
             note(f"tiny model: {n_params / 1e6:.2f}M parameters, vocabulary {len(policy.tokenizer)}")
 
             samples = expert_samples(policy.tokenizer, experts, cfg.rl.prompt)
-            sft_losses = sft(policy, samples, epochs=cfg.sft_epochs, lr=cfg.sft_lr, seed=cfg.seed, console=console)
+            sft_losses = sft(policy, samples, epochs=cfg.sft_epochs, lr=cfg.sft_lr, batch_turns=cfg.sft_batch_turns,
+                             seed=cfg.seed, console=console)
             policy.save(out / "sft")
             note(f"SFT: {len(samples)} turn samples, loss {sft_losses[0]:.2f} -> {sft_losses[-1]:.3f}")
 

@@ -93,3 +93,14 @@ def test_tiny_checkpoint_size_and_loading(tmp_path):
     policy = Policy.load(out)
     assert policy.value_ids == (len(tokenizer), len(tokenizer) + 1)
     assert torch.equal(policy.value_rows, torch.zeros(2, size.hidden_size))
+
+
+def test_a_saved_tiny_checkpoint_tokenizes_exactly_as_trained(tmp_path):
+    """The checkpoint loads as Qwen2Tokenizer, which applies Qwen2's pre-tokenization: merges learned under
+    any other would go unused (digits and words would fall apart into single bytes)."""
+    trained = train_tokenizer(TEXTS)
+    loaded = Policy.load(build_tiny_checkpoint(TEXTS, tmp_path / "ckpt", size="micro")).tokenizer
+    header = "<|im_start|>assistant\n"
+    for text in [*TEXTS[:20], "go to cabinet 12, then the countertop 3.", header]:
+        assert loaded.encode(text, add_special_tokens=False) == trained.encode(text, add_special_tokens=False)
+    assert len(trained.tokenize("assistant")) == 1   # the template's role names are whole tokens

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
+from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-from trainer_client.policy.chat import ENDOFTEXT, IM_END, IM_START, chatml_template
+from trainer_client.policy.chat import ENDOFTEXT, IM_END, IM_START, ROLES, chatml_template
 
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 
@@ -27,7 +28,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency:
     if not any(texts):
         raise ValueError("train_tokenizer needs at least one non-empty text")
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Qwen2's own pre-tokenization (one digit per piece, as Qwen2.5 splits numbers): a checkpoint with
+    # model_type qwen2 loads as Qwen2Tokenizer, which applies it, so merges must be learned under it too.
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -36,7 +42,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(texts, trainer)
+    # The chat template's role names ride along, so every message header tokenizes compactly.
+    bpe.train_from_iterator(texts + ["\n".join(ROLES)] * min_frequency, trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         eos_token=IM_END,
