@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -46,6 +47,14 @@ async def wait_until_serving(address: str, process: subprocess.Popen, timeout_s:
             await asyncio.sleep(0.2)
 
 
+def die_with_parent() -> None:
+    """Runs in the child before exec: on Linux, SIGTERM it (so it drains) when the trainer dies, even by kill -9,
+    instead of leaving an orphan server and its workers running."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 @contextlib.asynccontextmanager
 async def local_env_server(envs: Sequence[str], extra_args: Sequence[str] = (), log_file: Path | None = None,
                            start_timeout_s: float = 900.0) -> AsyncIterator[str]:
@@ -54,7 +63,7 @@ async def local_env_server(envs: Sequence[str], extra_args: Sequence[str] = (), 
     command = [sys.executable, "-m", "env_server", "--envs", ",".join(envs), "--port", str(port),
                "--metrics-port", "-1", *extra_args]
     log = open(log_file, "ab") if log_file else subprocess.DEVNULL
-    process = subprocess.Popen(command, stdout=log, stderr=log, env=os.environ.copy())
+    process = subprocess.Popen(command, stdout=log, stderr=log, env=os.environ.copy(), preexec_fn=die_with_parent)
     address = f"127.0.0.1:{port}"
     try:
         await wait_until_serving(address, process, start_timeout_s)
