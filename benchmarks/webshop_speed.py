@@ -15,6 +15,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -29,9 +30,14 @@ from env_server.envs.webshop.search import BM25Search, analyze, document_text  #
 FULL_CATALOG = 1_181_436   # products in items_shuffle.json
 
 
-def percentiles_ms(samples_s: list[float]) -> str:
+def latency_ms(samples_s: list[float]) -> dict[str, float]:
     ms = np.array(samples_s) * 1000
-    return f"p50 {np.percentile(ms, 50):7.2f} ms   p99 {np.percentile(ms, 99):7.2f} ms   (n={len(ms)})"
+    return {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "n": len(ms)}
+
+
+def percentiles_ms(samples_s: list[float]) -> str:
+    ms = latency_ms(samples_s)
+    return f"p50 {ms['p50']:7.2f} ms   p99 {ms['p99']:7.2f} ms   (n={ms['n']})"
 
 
 def timed(fn, *args):
@@ -40,7 +46,7 @@ def timed(fn, *args):
     return time.perf_counter() - start, value
 
 
-def bench_env(episodes: int) -> None:
+def bench_env(episodes: int) -> dict:
     env = WebShopEnv()
     world = env.world
     print(f"world: {world.catalog.source}, {len(world.catalog.products)} products, {len(world.goals)} goals, "
@@ -50,19 +56,23 @@ def bench_env(episodes: int) -> None:
     search_times = [timed(engine.search, q)[0] for q in queries]
     print(f"search (BM25 top-50, uncached)  {percentiles_ms(search_times)}")
 
+    # Task ids are numbered across the splits (the real data's test split holds the first goals).
+    tasks = [(split, task.task_id) for split, tasks in env.splits().items() for task in tasks.playable][:episodes]
     reset_times, step_times = [], []
-    for i in range(episodes):
-        elapsed, result = timed(env.reset, "test" if i < 500 else "train", str(i))
+    for split, task_id in tasks:
+        elapsed, result = timed(env.reset, split, task_id)
         reset_times.append(elapsed)
         while not result.done and "expert_action" in result.info:
             elapsed, result = timed(env.step, result.info["expert_action"])
             step_times.append(elapsed)
     print(f"reset                           {percentiles_ms(reset_times)}")
     print(f"step (expert actions, text)     {percentiles_ms(step_times)}")
+    return {"catalog": world.catalog.source, "products": len(world.catalog.products),
+            "search_ms": latency_ms(search_times), "reset_ms": latency_ms(reset_times), "step_ms": latency_ms(step_times)}
 
 
-def bench_index(num_products: int) -> tuple[float, float]:
-    """Build, save and load an index; returns (build seconds, matrix bytes) per analyzed token."""
+def bench_index(num_products: int) -> dict:
+    """Build, save and load an index; returns its times, and build seconds and matrix bytes per analyzed token."""
     catalog = synthetic_catalog(num_products, seed=1)
     products = catalog.products
     analyze_s, tokens = timed(lambda: [analyze(document_text(p)) for p in products])
@@ -81,7 +91,10 @@ def bench_index(num_products: int) -> tuple[float, float]:
     print(f"  search on it: {percentiles_ms(query_times)}")
     print(f"  extrapolated to {FULL_CATALOG:,} products at this document length (x{scale:.1f}): "
           f"build {build_s * scale / 60:5.1f} min, matrix {matrix_bytes * scale / 2**30:5.2f} GiB")
-    return build_s / tokens_total, matrix_bytes / tokens_total
+    return {"products": num_products, "analyze_s": analyze_s, "build_s": build_s, "load_s": load_s,
+            "matrix_mib": matrix_bytes / 2**20, "search_ms": latency_ms(query_times),
+            "full_catalog_build_min_at_this_length": build_s * scale / 60,
+            "seconds_per_token": build_s / tokens_total, "bytes_per_token": matrix_bytes / tokens_total}
 
 
 def real_tokens_per_product() -> float | None:
@@ -99,15 +112,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--episodes", type=int, default=500, help="expert episodes for reset/step latency")
     parser.add_argument("--products", type=int, default=100_000, help="synthetic catalog size for the index build")
+    parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
-    bench_env(args.episodes)
-    seconds_per_token, bytes_per_token = bench_index(args.products)
+    result = {"env": bench_env(args.episodes), "index": bench_index(args.products)}
+    seconds_per_token, bytes_per_token = result["index"]["seconds_per_token"], result["index"]["bytes_per_token"]
     real = real_tokens_per_product()
     if real is not None:
         tokens = FULL_CATALOG * real
+        result["full_catalog_build_min_at_real_length"] = tokens * seconds_per_token / 60
         print(f"  real 1k catalog documents average {real:.0f} tokens; scaled by tokens, the full catalog "
               f"builds in about {tokens * seconds_per_token / 60:.0f} min (at {1 / seconds_per_token:,.0f} tokens/s) "
               f"with a score matrix of about {tokens * bytes_per_token / 2**30:.2f} GiB")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ policy would plausibly buy). Prints the agreement of noun lists, title scores, r
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -33,6 +35,7 @@ UPSTREAM_TITLE_CASES = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--results", type=int, default=10, help="search results per goal to pair with it")
+    parser.add_argument("--json", help="also write the agreement counts here")
     args = parser.parse_args()
     world = load_world(WorldConfig(pos_tagger="heuristic"))
     spacy_tagger, heuristic = SpacyNounTagger(), HeuristicNounTagger()
@@ -68,6 +71,10 @@ def main() -> None:
     print(f"goal-product pairs: {pairs} ({len(world.goals)} goals x target + top-{args.results} results)")
     for name, agree in counts.items():
         print(f"  equal {name:12s}: {agree}/{pairs} ({100 * agree / pairs:.2f}%)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "titles": len(titles), "same_noun_lists": same_nouns, "pairs": pairs, "goals": len(world.goals),
+            "results_per_goal": args.results, "equal": counts}, indent=2))
 
 
 if __name__ == "__main__":

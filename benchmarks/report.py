@@ -1,0 +1,564 @@
+"""`make bench`: run every benchmark in benchmarks/ with JSON output, then write docs/BENCHMARKS.md from that
+JSON alone: the machine, one section per benchmark with the exact command that produced it.
+
+    .venv/bin/python benchmarks/report.py [--run default|all|none|NAME,...] [--results artifacts/bench]
+                                          [--out docs/BENCHMARKS.md]
+
+`--run none` re-renders from the last results. Every figure is a ratio measured side by side in one run,
+or a median [min, max] over >= 5 runs (repeated here, or inside the benchmark). The soak (`make soak`,
+~10 min) runs only with `--run all` or `--run soak`, and the GPU measurement only on the GPU machine
+(`make gpu-check`); both are rendered from their last artifact, labelled as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchlib import spread
+
+from trainer_client.timing import ITERATION_STAGES
+
+ROOT = Path(__file__).resolve().parents[1]
+Renderer = Callable[[list[dict]], str]
+Headlines = Callable[[list[dict]], list[tuple[str, str]]]
+
+
+# ---- formatting (pure) ------------------------------------------------------------------------------------
+
+
+def number(value: float | None, digits: int = 3) -> str:
+    """`digits` significant digits, but never scientific notation and never rounding away integer digits."""
+    if value is None or math.isnan(value):
+        return "–"
+    if value == 0 or math.isinf(value):
+        return str(value) if value else "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:.{decimals}f}"
+
+
+def spread_cell(s: Mapping, digits: int = 3) -> str:
+    """`median [min, max]` of a benchmarks.benchlib.spread; a single run shows its one value."""
+    if s["runs"] == 1 or s["min"] == s["max"]:
+        return number(s["median"], digits)
+    return f"{number(s['median'], digits)} [{number(s['min'], digits)}, {number(s['max'], digits)}]"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ---- one renderer per benchmark's JSON (pure) ---------------------------------------------------------------
+
+
+def render_wire(runs: list[dict]) -> str:
+    """wire.py writes a list of cells per run; latencies and their ratio to in-process, over the runs."""
+    cells: dict[tuple[str, int], list[dict]] = {}
+    for run in runs:
+        base = {c["concurrency"]: c for c in run["cells"] if c["mode"] == "in-process"}
+        for c in run["cells"]:
+            cells.setdefault((c["mode"], c["concurrency"]), []).append(
+                c | {"p50_ratio": c["p50_ms"] / base[c["concurrency"]]["p50_ms"]})
+    rows = []
+    for (mode, concurrency), samples in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0] != "in-process", kv[0][0])):
+        def s(key: str) -> str:
+            return spread_cell(spread([c[key] for c in samples]))
+        rows.append([str(concurrency), mode, s("steps_per_s"), s("p50_ms"), s("p99_ms"),
+                     "1" if mode == "in-process" else s("p50_ratio")])
+    return ("Toy env steps through one server process. *in-process* is the server's own call path (env worker "
+            "round trip, no gRPC); *unary* is Reset/Step/Close, *stream* the Episode stream, both through "
+            "`EnvPool`. The ratio is each run's p50 over in-process p50 at the same concurrency.\n\n"
+            + markdown_table(["concurrency", "mode", "steps/s", "p50 ms", "p99 ms", "p50 / in-process"], rows))
+
+
+def alfworld_table(medians: Mapping[str, Mapping], p90: Mapping[str, float]) -> str:
+    rows = [[name, number(m["upstream_ms"]), number(m["limen_ms"]), number(m["ratio"], 2),
+             f"<= {m['goal']}" if m.get("goal") else ""] for name, m in medians.items()]
+    rows.append(["p90 step", number(p90["upstream_ms"]), number(p90["limen_ms"]),
+                 number(p90["limen_ms"] / p90["upstream_ms"], 2), ""])
+    return markdown_table(["", "upstream AlfredTWEnv", "limen AlfWorldEnv", "ratio", "goal"], rows)
+
+
+def render_alfworld(runs: list[dict]) -> str:
+    parts = []
+    for run in runs:
+        parts.append(f"{run['games']} {run['source']} games, {run['steps']} steps, the same actions in both "
+                     f"(outputs checked equal); median wall time in ms:\n\n"
+                     + alfworld_table(run["median"], run["p90_step_ms"]))
+        if "median_cpu" in run:   # each side's own process CPU time: steadier than wall time on a shared machine
+            parts.append("The same steps in CPU time of each side's own process (ms), less sensitive to other "
+                         "jobs on the machine, since the two sides run one after the other:\n\n"
+                         + alfworld_table(run["median_cpu"], run["p90_step_cpu_ms"]))
+    return "\n\n".join(parts)
+
+
+def render_webshop(runs: list[dict]) -> str:
+    def row(label: str, pick: Callable[[dict], float], digits: int = 3) -> list[str]:
+        return [label, spread_cell(spread([pick(r) for r in runs]), digits)]
+
+    env, index = runs[0]["env"], runs[0]["index"]
+    rows = [
+        row("search p50 ms (BM25 top-50, uncached)", lambda r: r["env"]["search_ms"]["p50"]),
+        row("search p99 ms", lambda r: r["env"]["search_ms"]["p99"]),
+        row("reset p50 ms", lambda r: r["env"]["reset_ms"]["p50"]),
+        row("step p50 ms (expert actions, text mode)", lambda r: r["env"]["step_ms"]["p50"]),
+        row("step p99 ms", lambda r: r["env"]["step_ms"]["p99"]),
+        row(f"index build s, synthetic {index['products']:,}-product catalog", lambda r: r["index"]["build_s"]),
+        row("index mmap load s", lambda r: r["index"]["load_s"]),
+        row("full 1.18M catalog build, extrapolated by tokens, min",
+            lambda r: r.get("full_catalog_build_min_at_real_length", float("nan"))),
+    ]
+    return (f"Catalog `{env['catalog']}` ({env['products']} products), {env['search_ms']['n']} goal queries and "
+            f"{env['reset_ms']['n']} expert episodes ({env['step_ms']['n']} steps) per run; median [min, max] over "
+            f"{len(runs)} runs.\n\n" + markdown_table(["figure", "value"], rows))
+
+
+def render_tagger(runs: list[dict]) -> str:
+    run = runs[0]
+    rows = [[f"equal {name}", f"{100 * agree / run['pairs']:.2f}%"] for name, agree in run["equal"].items()]
+    rows.insert(0, ["identical noun lists (titles)", f"{100 * run['same_noun_lists'] / run['titles']:.1f}%"])
+    return (f"The reward with the heuristic noun tagger against spaCy's, side by side on {run['pairs']:,} "
+            f"goal-product pairs ({run['goals']:,} goals x their target and top-{run['results_per_goal']} results):\n\n"
+            + markdown_table(["agreement", "share"], rows))
+
+
+def render_sessions(runs: list[dict]) -> str:
+    run, parts = runs[0], []
+    for result in run["results"]:
+        rows = [[str(level["sessions"]), number(level.get("seconds_per_repeat")), str(level["steps"]),
+                 spread_cell(level["p50_ms"]), spread_cell(level["p99_ms"]), spread_cell(level["steps_per_s"])]
+                for level in result["levels"]]
+        parts.append(f"**{result['env']}** ({result['workers']} worker processes): most sessions with p99 <= "
+                     f"{run['bound_ms']:g} ms: **{result['max_sessions_under_bound']}**\n\n"
+                     + markdown_table(["sessions", "s measured per repeat", "steps (all repeats)", "p50 ms",
+                                       "p99 ms", "steps/s"], rows))
+    least = f"At least {run['seconds']:g} s and about {run['min_steps']} steps" if "min_steps" in run else \
+        f"{run['seconds']:g} s"
+    return (f"Each session steps, then waits {run['think_s']:g} s (the policy's turn) before its next step. "
+            f"{least} measured per level and repeat; p50 and p99 are median [min, max] over {run['repeats']} "
+            f"repeats, the levels taking turns. The capacity is the largest level before the first whose median "
+            f"p99 exceeds the bound. The client (one EnvPool process) shares the machine's cores with the "
+            f"server.\n\n"
+            + "\n\n".join(parts))
+
+
+def render_rollout(runs: list[dict]) -> str:
+    run = runs[0]
+    setting = run["setting"]
+    keys = (("wall_s", "wall s"), ("generation_s", "generation s"), ("env_wait_s", "env wait s"),
+            ("env_wait_share", "env wait share"), ("generation_calls", "generation calls"))
+    rows = [[mode] + [spread_cell(figures[key]) for key, _ in keys] for mode, figures in run["modes"].items()]
+    ratio = run["ratio_async_over_lockstep"]
+    rows.append(["ratio async / lock-step", spread_cell(ratio["wall_s"]), spread_cell(ratio["generation_s"]),
+                 spread_cell(ratio["env_wait_s"]), "", ""])
+    return (f"{setting['episodes']} concurrent episodes of {setting['env']}, at most {setting['max_turns']} turns, "
+            f"{setting['max_new_tokens']} new tokens per reply; {setting['workers']} env worker process(es), "
+            f"{setting['torch_threads']} torch thread(s), tiny random-init policy ({setting['model_size']}). *async* "
+            f"is `rollout.collect` (GenerationBatcher, batch wait {setting['batch_wait_s']} s); *lock-step* "
+            f"generates for every live episode, then steps them all. Median [min, max] over {setting['rounds']} "
+            f"rounds, the modes alternating.\n\n" + markdown_table(["mode", *(title for _, title in keys)], rows))
+
+
+def breakdown(seconds: Mapping[str, Mapping[str, float]], ratio: Mapping[str, float]) -> str:
+    rows = [[stage, number(seconds["boundary"][stage]), number(seconds["ppo_critic"][stage]),
+             number(ratio.get(stage), 3)] for stage in (*ITERATION_STAGES, "iteration")]
+    rows[-1] = [f"**{cell}**" for cell in rows[-1]]
+    return markdown_table(["stage (s per iteration)", "boundary", "ppo_critic", "ratio"], rows)
+
+
+def render_iteration_cost(runs: list[dict]) -> str:
+    run = runs[0]
+    ratio = run["ratio"]
+    return (f"Mode *{run['mode']}*, model {run['model']} on {run['device']} ({run['threads']} threads), "
+            f"setting `{json.dumps(run['setting'], sort_keys=True)[:300]}`; mean over {run['iterations']} "
+            f"iterations per algorithm, alternating in one process. Iteration ratio boundary / ppo_critic "
+            f"**{number(ratio['iteration'])}** (learner stages only: {number(ratio['learner'])}; the seed claims "
+            f"{number(run['claimed_ratio'])}).\n\n" + breakdown(run["seconds"], ratio))
+
+
+def render_gpu(runs: list[dict]) -> str:
+    run = runs[0]
+    timing, env = run["timing"], run["environment"]
+    ratio = timing["ratio_boundary_over_ppo_critic"]
+    return (f"**Measured on {env['device']} by `make gpu-check`** (torch {env['torch']}, CUDA {env['cuda']}), not "
+            f"on this machine: {timing['setting']['model']}, {timing['setting']['episodes']['episodes']} episodes x "
+            f"{timing['setting']['episodes']['turns']} turns of {timing['setting']['episodes']['prompt_tokens']} + "
+            f"{timing['setting']['episodes']['response_tokens']} tokens, bf16 autocast; mean over "
+            f"{timing['setting']['iterations']} iterations. Iteration ratio **{number(ratio['iteration'])}** "
+            f"(learner stages only: {number(ratio['learner'])}; claimed {number(timing['claimed_ratio'])}).\n\n"
+            + breakdown(timing["seconds"], ratio))
+
+
+def render_policy(runs: list[dict]) -> str:
+    run = runs[0]
+    keys = list(next(iter(run.values())))
+    rows = [[key] + [number(values[key]) for values in run.values()] for key in keys]
+    return ("Median of the command's --repeats timed calls per cell, side by side in one run: the output layer at "
+            "response positions only and the two-row value readout, against full-vocabulary logits.\n\n"
+            + markdown_table(["figure", *run], rows))
+
+
+def render_soak(runs: list[dict]) -> str:
+    run = runs[0]
+    growth = run["rss_growth_after_warmup"]
+    worst = max(growth, key=growth.get) if growth else None
+    rows = [[env, str(count), str(run["failed"].get(env, 0)), number(run["seconds"].get(env)),
+             number(run["episodes_per_s"].get(env)), json.dumps(run["worker_restarts"].get(env, {}))]
+            for env, count in run["episodes"].items()]
+    table = markdown_table(["env", "episodes", "failed", "seconds", "episodes/s", "worker restarts"], rows)
+    growth_line = (f"worst RSS growth after warm-up: {worst} {100 * growth[worst]:+.1f}% (goal <= +10%)" if worst
+                   else "too few memory samples to measure growth")
+    return f"{table}\n\nOne run; {growth_line}; live sessions at the end: {run['live_sessions_at_end']}."
+
+
+# ---- headline figures for the summary table (pure) -----------------------------------------------------------
+
+
+def wire_headlines(runs: list[dict]) -> list[tuple[str, str]]:
+    def ratio(mode: str, concurrency: int) -> str:
+        per_run = []
+        for run in runs:
+            cells = {(c["mode"], c["concurrency"]): c for c in run["cells"]}
+            per_run.append(cells[mode, concurrency]["p50_ms"] / cells["in-process", concurrency]["p50_ms"])
+        return spread_cell(spread(per_run))
+
+    return [(f"{mode} step p50 / in-process p50, {c} concurrent", ratio(mode, c))
+            for mode in ("stream", "unary") for c in (1, 16, 256)]
+
+
+def alfworld_headlines(runs: list[dict]) -> list[tuple[str, str]]:
+    run = runs[0]
+    clocks = [("wall", "median")] + ([("CPU", "median_cpu")] if "median_cpu" in run else [])
+    return [(f"ALFWorld {key} {clock} time, ours / upstream ({run['source']} games)", number(run[field][key]["ratio"], 2))
+            for clock, field in clocks for key in ("reset, first visit", "step")]
+
+
+def webshop_headlines(runs: list[dict]) -> list[tuple[str, str]]:
+    catalog = f"{runs[0]['env']['products']:,}-product catalog"
+    return [(f"WebShop search {q} ms ({catalog})", spread_cell(spread([r["env"]["search_ms"][q] for r in runs])))
+            for q in ("p50", "p99")] + [
+        (f"WebShop index build s ({runs[0]['index']['products']:,} products)",
+         spread_cell(spread([r["index"]["build_s"] for r in runs])))]
+
+
+def sessions_headlines(runs: list[dict]) -> list[tuple[str, str]]:
+    run = runs[0]
+    return [(f"{r['env']} sessions per server process with p99 step <= {run['bound_ms']:g} ms "
+             f"({run['think_s']:g} s between steps)", str(r["max_sessions_under_bound"])) for r in run["results"]]
+
+
+def rollout_headlines(runs: list[dict]) -> list[tuple[str, str]]:
+    modes = runs[0]["modes"]
+    return [(f"share of rollout wall time waiting on envs, {mode}", spread_cell(modes[mode]["env_wait_share"]))
+            for mode in modes] + [("rollout wall time, async / lock-step",
+                                   spread_cell(runs[0]["ratio_async_over_lockstep"]["wall_s"]))]
+
+
+def iteration_headlines(runs: list[dict]) -> list[tuple[str, str]]:
+    """From iteration_cost.py's JSON, or gpu_check.py's (which nests it under "timing")."""
+    run = runs[0]
+    if "timing" in run:
+        return [(f"iteration time, boundary / ppo_critic ({run['timing']['setting']['model']})",
+                 number(run["timing"]["ratio_boundary_over_ppo_critic"]["iteration"]))]
+    return [(f"iteration time, boundary / ppo_critic ({run['mode']} episodes, model {run['model']})",
+             number(run["ratio"]["iteration"]))]
+
+
+# ---- the benchmarks ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    title: str
+    args: tuple[str, ...]
+    """Command after the Python executable; "{json}" stands for the output path. Empty: never run here."""
+    render: Renderer
+    repeats: int = 1
+    """Runs of the command (figures that are not ratios need >= 5: median [min, max])."""
+    in_default_run: bool = True
+    output: str = ""
+    """A fixed output path (relative to the repo) instead of {results}/{name}.{i}.json."""
+    note: str = ""
+    headlines: Headlines | None = None
+    """The figures the summary table at the top repeats."""
+    where: str = "this CPU"
+
+    def output_paths(self, results: Path) -> list[Path]:
+        if self.output:
+            return [ROOT / self.output]
+        return [results / f"{self.name}.{i}.json" for i in range(1, self.repeats + 1)]
+
+
+BENCHMARKS = (
+    Benchmark("wire", "Wire overhead: in-process vs unary vs stream",
+              ("benchmarks/wire.py", "--concurrency", "1,16,256", "--seconds", "1.5", "--rounds", "2", "--json", "{json}"),
+              render_wire, repeats=5, headlines=wire_headlines),
+    Benchmark("alfworld_speed_official", "ALFWorld reset and step, ours vs upstream: official games",
+              ("benchmarks/alfworld_speed.py", "--json", "{json}"), render_alfworld, headlines=alfworld_headlines,
+              note="Official valid_seen/valid_unseen games when ALFWORLD_DATA has them, else generated full-size ones."),
+    Benchmark("alfworld_speed_small", "ALFWorld reset and step, ours vs upstream: small generated games",
+              ("benchmarks/alfworld_speed.py", "--generated", "small", "--json", "{json}"), render_alfworld,
+              headlines=alfworld_headlines),
+    Benchmark("webshop_speed", "WebShop search latency and index build",
+              ("benchmarks/webshop_speed.py", "--episodes", "500", "--products", "50000", "--json", "{json}"),
+              render_webshop, repeats=5, headlines=webshop_headlines),
+    Benchmark("webshop_tagger", "WebShop reward: heuristic noun tagger vs spaCy",
+              ("benchmarks/webshop_tagger_agreement.py", "--json", "{json}"), render_tagger),
+    Benchmark("sessions", "Sessions per server process at p99 step latency",
+              ("benchmarks/sessions_capacity.py", "--envs", "toy,webshop", "--sessions", "16,64,128,256,512",
+               "--seconds", "2", "--repeats", "5", "--json", "{json}"), render_sessions, headlines=sessions_headlines),
+    Benchmark("rollout", "Rollout: time waiting on envs, async vs lock-step",
+              ("benchmarks/rollout_overlap.py", "--episodes", "64", "--rounds", "5", "--json", "{json}"), render_rollout,
+              headlines=rollout_headlines),
+    Benchmark("iteration_cost_synthetic", "Iteration time, boundary vs ppo_critic: synthetic episodes (this CPU)",
+              ("benchmarks/iteration_cost.py", "--iterations", "5", "--json", "{json}"), render_iteration_cost,
+              headlines=iteration_headlines),
+    Benchmark("iteration_cost_rollout", "Iteration time, boundary vs ppo_critic: toy-env rollouts (this CPU)",
+              ("benchmarks/iteration_cost.py", "--mode", "rollout", "--iterations", "5", "--json", "{json}"),
+              render_iteration_cost, headlines=iteration_headlines),
+    Benchmark("iteration_cost_gpu", "Iteration time, boundary vs ppo_critic: Qwen2.5-1.5B shape on a GPU",
+              (), render_gpu, output="docs/measurements/gpu_check_h200.json", headlines=iteration_headlines,
+              where="a GPU (NVIDIA H200)",
+              note="Not run by `make bench`: `make gpu-wheels` here, then `make gpu-check` on the GPU machine "
+                   "(benchmarks/gpu_check.py), whose JSON is committed here."),
+    Benchmark("policy", "Policy compute: response-only logits and the two-row readout",
+              ("benchmarks/bench_policy.py", "--threads", "2", "--repeats", "5", "--out", "{json}"), render_policy),
+    Benchmark("soak", "Soak: memory over many episodes through one server",
+              ("benchmarks/soak.py", "--out", "artifacts/soak"), render_soak, in_default_run=False,
+              output="artifacts/soak/soak.json",
+              note="About 10 minutes, so `make bench` leaves it out (`make soak`, or `benchmarks/report.py --run soak`); "
+                   "shown from its last run on this machine."),
+)
+
+
+def display_command(bench: Benchmark, path: Path) -> str:
+    args = [a.replace("{json}", os.path.relpath(path, ROOT)) for a in bench.args]
+    return "OMP_WAIT_POLICY=PASSIVE .venv/bin/python " + shlex.join(args)
+
+
+# ---- the machine, and running ------------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    """What the numbers depend on, read when the run starts (the load average especially)."""
+    import psutil
+    import torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    return {
+        "cpu": cpu, "logical_cpus": os.cpu_count(), "usable_cpus": usable,
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "load_average_at_start": load_average(),
+        "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+        "torch_default_threads": torch.get_num_threads(),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+        "data": {name: os.environ.get(name) or "(unset)" for name in ("ALFWORLD_DATA", "WEBSHOP_DATA")},
+        "git": f"{commit}{' + uncommitted changes' if dirty else ''}",
+        "started_at": now(),
+    }
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run_benchmark(bench: Benchmark, results: Path, timeout_s: float) -> dict:
+    """Run the command once per repeat; returns the manifest record (never raises on a failed benchmark)."""
+    env = os.environ | {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    log_path = results / f"{bench.name}.log"
+    load_before, started, returncode = load_average(), time.perf_counter(), 0
+    with log_path.open("w") as log:
+        for path in bench.output_paths(results):
+            path.unlink(missing_ok=True)
+            command = [sys.executable, *(a.replace("{json}", str(path)) for a in bench.args)]
+            print(f"[bench] {bench.name}: {display_command(bench, path)}", flush=True)
+            try:
+                returncode = subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                            timeout=timeout_s).returncode
+            except subprocess.TimeoutExpired:
+                returncode = -1
+                log.write(f"\n[bench] killed after {timeout_s:.0f} s\n")
+            if returncode != 0:
+                break
+    seconds = time.perf_counter() - started
+    print(f"[bench] {bench.name}: exit {returncode} after {seconds:.0f} s", flush=True)
+    return {"returncode": returncode, "seconds": round(seconds, 1),
+            "load_average_before": load_before, "load_average_after": load_average(),
+            "finished_at": now(),
+            "log": os.path.relpath(log_path, ROOT)}
+
+
+def load_outputs(bench: Benchmark, results: Path) -> list[dict] | None:
+    """Every repeat's JSON, or None when any is missing (wire.py writes a bare list: wrapped as cells)."""
+    paths = bench.output_paths(results)
+    if not all(p.is_file() for p in paths):
+        return None
+    loaded = [json.loads(p.read_text()) for p in paths]
+    return [{"cells": data} if isinstance(data, list) else data for data in loaded]
+
+
+# ---- the document (pure) ------------------------------------------------------------------------------------
+
+
+def load_cell(averages: Sequence[float] | None) -> str:
+    return ", ".join(str(x) for x in averages) if averages else "not recorded"
+
+
+def load_note(info: Mapping) -> str:
+    """Whether the machine was busy with other work while the benchmarks ran, from the 1-minute load
+    average before the first and after the last benchmark (the benchmarks themselves add about one)."""
+    loads = [info[key][0] for key in ("load_average_at_start", "load_average_at_end") if info.get(key)]
+    busiest = max(loads)
+    if busiest >= 0.5 * info["usable_cpus"]:
+        return (f"**Measured under load**: the 1-minute load average was {load_cell(loads)} (start, end) on "
+                f"{info['usable_cpus']} usable CPUs, so other processes competed for the cores; absolute "
+                f"times are pessimistic and noisier than on an idle machine, while side-by-side ratios "
+                f"(whose modes take turns) are less affected. Each section gives the load around its run.")
+    return (f"The machine was close to idle: 1-minute load average {load_cell(loads)} (start, end) on "
+            f"{info['usable_cpus']} usable CPUs.")
+
+
+def render_machine(info: Mapping) -> str:
+    data = info.get("data", {})
+    rows = [["CPU", f"{info['cpu']}, {info['logical_cpus']} logical CPUs ({info['usable_cpus']} usable)"],
+            ["memory", f"{info['memory_gib']} GiB"],
+            ["load average at start (1, 5, 15 min)", load_cell(info["load_average_at_start"])],
+            ["load average at end (1, 5, 15 min)", load_cell(info.get("load_average_at_end"))],
+            ["OS", info["platform"]], ["Python / torch", f"{info['python']} / {info['torch']}"],
+            ["threads", f"OMP_WAIT_POLICY={info['OMP_WAIT_POLICY']}; each benchmark fixes its own torch/BLAS "
+                        f"threads (1 unless its command says --threads); torch's default here: "
+                        f"{info['torch_default_threads']}"],
+            ["data", ", ".join(f"{name}={value}" for name, value in data.items()) or "not recorded"],
+            ["code", info["git"]], ["run started", info["started_at"]],
+            ["run finished", info.get("finished_at", "not recorded")]]
+    if info.get("reruns"):
+        rows.append(["re-run afterwards", "; ".join(info["reruns"])])
+    return markdown_table(["", "this machine"], rows) + "\n\n" + load_note(info)
+
+
+def render_section(bench: Benchmark, outputs: list[dict] | None, record: Mapping | None, results: Path) -> str:
+    paths = bench.output_paths(results)
+    command = display_command(bench, paths[0]) if bench.args else "(not run here)"
+    repeats = f" ({bench.repeats} runs)" if bench.repeats > 1 else ""
+    lines = [f"## {bench.title}", ""]
+    if bench.note:
+        lines += [bench.note, ""]
+    lines += [f"Command{repeats}: `{command}`", ""]
+    if record is not None and record["returncode"] != 0:
+        lines += [f"**Not measured**: the command exited with code {record['returncode']} "
+                  f"(log: `{record['log']}`).", ""]
+    elif outputs is None:
+        lines += ["**Not measured**: no results file yet (`" + os.path.relpath(paths[0], ROOT) + "`).", ""]
+    else:
+        load = (f"; 1-minute load average {record['load_average_before'][0]} before, "
+                f"{record['load_average_after'][0]} after" if record and "load_average_before" in record else "")
+        when = f"measured {record['finished_at']} in {record['seconds']:.0f} s{load}" if record else \
+            f"from `{os.path.relpath(paths[0], ROOT)}` (file modified {file_date(paths[0])})"
+        lines += [f"_{when}_", "", bench.render(outputs), ""]
+    return "\n".join(lines)
+
+
+def file_date(path: Path) -> str:
+    stamp = datetime.datetime.fromtimestamp(path.stat().st_mtime, datetime.timezone.utc)
+    return stamp.isoformat(timespec="seconds")
+
+
+def anchor(title: str) -> str:
+    """GitHub's heading anchor: lowercase, punctuation dropped, spaces as hyphens."""
+    kept = "".join(ch for ch in title.lower() if ch.isalnum() or ch in " -_")
+    return "#" + kept.replace(" ", "-")
+
+
+def render_summary(outputs: Mapping[str, list[dict] | None], benchmarks: Sequence[Benchmark]) -> str:
+    rows = [[figure, value, bench.where, f"[{bench.name}]({anchor(bench.title)})"]
+            for bench in benchmarks if bench.headlines and outputs.get(bench.name)
+            for figure, value in bench.headlines(outputs[bench.name])]
+    return markdown_table(["figure", "value", "measured on", "section"], rows)
+
+
+def render_document(manifest: Mapping, outputs: Mapping[str, list[dict] | None], results: Path,
+                    benchmarks: Sequence[Benchmark] = BENCHMARKS) -> str:
+    header = ["# Benchmarks", "",
+              "Generated by `make bench` (`benchmarks/report.py`) from the benchmarks' JSON output; do not edit by "
+              "hand. Each figure is a ratio measured side by side in one run, or a median [min, max] over >= 5 "
+              "runs. The machine is shared and small, so absolute times are this machine's; ratios travel better.",
+              "", render_machine(manifest["machine"]), "", "## Summary", "",
+              "Median [min, max] where a figure was measured in several runs; each section below gives the command.",
+              "", render_summary(outputs, benchmarks), ""]
+    sections = [render_section(b, outputs.get(b.name), manifest["runs"].get(b.name), results) for b in benchmarks]
+    return "\n".join(header + sections).rstrip() + "\n"
+
+
+# ---- CLI --------------------------------------------------------------------------------------------------
+
+
+def selected(spec: str) -> list[Benchmark]:
+    runnable = [b for b in BENCHMARKS if b.args]
+    if spec == "none":
+        return []
+    if spec == "default":
+        return [b for b in runnable if b.in_default_run]
+    if spec == "all":
+        return runnable
+    names = spec.split(",")
+    unknown = sorted(set(names) - {b.name for b in runnable})
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s) {unknown}; runnable here: {[b.name for b in runnable]}")
+    return [b for b in runnable if b.name in names]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", default="default", help="default | all | none | NAME,... (see BENCHMARKS)")
+    parser.add_argument("--results", type=Path, default=ROOT / "artifacts" / "bench", help="JSON, logs, manifest")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
+    parser.add_argument("--timeout-s", type=float, default=1200.0, help="per command")
+    args = parser.parse_args(argv)
+    args.results.mkdir(parents=True, exist_ok=True)
+    manifest_path = args.results / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {"runs": {}}
+    to_run = selected(args.run)
+    # A full run describes the machine afresh; re-running a few benchmarks later keeps that description
+    # and notes the re-run (each section gives its own date and load).
+    if args.run in ("default", "all") or "machine" not in manifest:
+        manifest["machine"] = machine()
+    elif to_run:
+        manifest["machine"].setdefault("reruns", []).append(f"{','.join(b.name for b in to_run)} at {now()}")
+    for bench in to_run:
+        manifest["runs"][bench.name] = run_benchmark(bench, args.results, args.timeout_s) | {
+            "command": display_command(bench, bench.output_paths(args.results)[0])}
+        manifest_path.write_text(json.dumps(manifest, indent=2))
+    if args.run in ("default", "all"):
+        manifest["machine"] |= {"load_average_at_end": load_average(), "finished_at": now()}
+    manifest_path.write_text(json.dumps(manifest, indent=2))
+    outputs = {b.name: load_outputs(b, args.results) for b in BENCHMARKS}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(render_document(manifest, outputs, args.results))
+    print(f"[bench] wrote {args.out}")
+    return 0 if all(manifest["runs"][b.name]["returncode"] == 0 for b in to_run) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
