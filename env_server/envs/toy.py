@@ -65,7 +65,7 @@ def _split_tasks(split: str) -> dict[str, ToyTask]:
 
 class ToyEnv(TextEnv):
     name = "toy"
-    code_version = "toy-1"
+    code_version = "toy-2"
     default_max_turns = 15
 
     def __init__(self) -> None:
@@ -88,7 +88,10 @@ class ToyEnv(TextEnv):
         self._task = t = _split_tasks(split)[task.task_id]
         self._meta = task
         self._rng = random.Random(seed)
-        self._room = self._rng.choice(t.rooms)
+        # A goto task never starts in its target room: that episode would be won by any reply, junk included,
+        # and RL would learn to reward junk.
+        starts = [r for r in t.rooms if not (t.category == "goto" and r == t.target_room)]
+        self._room = self._rng.choice(starts)
         self._where = dict(t.objects)          # object -> room, or "agent" when carried
         self._lamp_on = False
         return self._result(f"You are in the {self._room}. Your task is to: {_instruction(t)}.")
