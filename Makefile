@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml
 	# torch 2.13.0 CPU first: an unpinned torch would pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[alfworld,webshop,train,data,dev]'
-	# alfworld and its engine without their declared extras (spaCy, 126 MB, is not used by the text game).
+	# The ALFWorld engine, pinned exactly and installed with --no-deps: what these four declare (textworld[pddl],
+	# tatsu, mementos, spaCy for jericho, ...) is pinned in the alfworld and webshop extras above.
 	$(PIP) install -q --no-deps alfworld==0.4.2 textworld==1.7.0 fast-downward-textworld==20.6.4 jericho==3.3.1
 	touch $(STAMP)
 
