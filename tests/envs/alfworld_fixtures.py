@@ -57,13 +57,25 @@ def one_task_per_category(env: AlfWorldEnv, split: str) -> list[str]:
 
 
 def upstream_records(game_files: list[Path], policy: str, seed: int, max_steps: int) -> dict[Path, dict]:
-    """Transcripts of upstream AlfredTWEnv playing the games, by game file, from a process with no limen patch."""
+    """Transcripts of upstream AlfredTWEnv playing the games, by game file, from processes with no limen patch.
+
+    The games are shared out over one process per core: upstream seeds each game on its own, so the split
+    changes no transcript, only the wall time (the 274 eval games take upstream ~45 CPU-minutes)."""
+    chunks = [game_files[i::os.cpu_count() or 1] for i in range(min(len(game_files), os.cpu_count() or 1))]
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "upstream.jsonl"
-        command = [sys.executable, "-m", "env_server.envs.alfworld.upstream_play", *map(str, game_files),
-                   "--policy", policy, "--seed", str(seed), "--max-steps", str(max_steps), "--out", str(out)]
-        subprocess.run(command, check=True, capture_output=True, timeout=UPSTREAM_TIMEOUT_S)
-        records = [json.loads(line) for line in out.read_text().splitlines()]
+        outs = [Path(tmp) / f"upstream.{i}.jsonl" for i in range(len(chunks))]
+        logs = [out.with_suffix(".log") for out in outs]
+        players = []
+        for chunk, out, log in zip(chunks, outs, logs):
+            with log.open("wb") as stderr:   # a file, not a pipe: a chatty player must never block on it
+                players.append(subprocess.Popen(
+                    [sys.executable, "-m", "env_server.envs.alfworld.upstream_play", *map(str, chunk), "--policy", policy,
+                     "--seed", str(seed), "--max-steps", str(max_steps), "--out", str(out)],
+                    stdout=subprocess.DEVNULL, stderr=stderr))
+        for player, log in zip(players, logs):
+            if player.wait(timeout=UPSTREAM_TIMEOUT_S):
+                raise RuntimeError(f"upstream play failed ({player.returncode}): {log.read_text()[-2000:]}")
+        records = [json.loads(line) for out in outs for line in out.read_text().splitlines()]
     return {Path(record["game_file"]): record for record in records}
 
 
