@@ -5,30 +5,21 @@ against the run's results files; a rerun skips what is done; the generated "what
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
+from training_fixtures import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "study_smoke.yaml"
 CORE = ("boundary", "grpo", "ppo_critic_turn", "ppo_critic_verl")
 
 
-def load_study():
-    spec = importlib.util.spec_from_file_location("learning_study", ROOT / "benchmarks" / "learning_study.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def study():
-    return load_study()
+    return load_benchmark(ROOT / "benchmarks" / "learning_study.py")
 
 
 @pytest.fixture(scope="module")

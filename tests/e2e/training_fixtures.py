@@ -18,9 +18,9 @@ torch.set_num_threads(2)
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "iteration_cost.py"
 
 
-def load_benchmark():
-    """benchmarks/iteration_cost.py as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("iteration_cost", BENCHMARK)
+def load_benchmark(path: Path = BENCHMARK):
+    """A script of benchmarks/ as a module (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve their module by name
     spec.loader.exec_module(module)

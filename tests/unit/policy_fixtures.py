@@ -23,6 +23,13 @@ def toy_turns(n_tasks: int = 12) -> list[tuple[str, str]]:
     return turns
 
 
+def tiny_toy_policy(out_dir) -> Policy:
+    """The CPU default ("tiny") model, its tokenizer trained on toy-env turns, loaded from a checkpoint in out_dir."""
+    checkpoint = build_tiny_checkpoint([text for turn in toy_turns() for text in turn], out_dir, size="tiny")
+    torch.manual_seed(0)
+    return Policy.load(checkpoint)
+
+
 def turn_samples(policy: Policy, n: int) -> list[TurnSample]:
     """Step-layout samples: the chat prompt of one observation, the action text + <|im_end|>."""
     tokenizer = policy.tokenizer

