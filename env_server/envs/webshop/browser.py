@@ -119,15 +119,23 @@ class BrowserSession:
         return targets
 
     def _navigate(self, trigger) -> None:
-        """Run a click that loads a new page, and wait until that page has loaded."""
-        from selenium.webdriver.support import expected_conditions
+        """Run a click that loads a new page, and wait until that page has loaded.
+
+        The old page is marked with a window property; a new document has a fresh window object, so
+        the mark's absence plus readyState "complete" means the new page is in. Chromedriver answers
+        mid-navigation with assorted errors ("node does not belong to the document", "execution
+        context destroyed"), so those are retried until the page settles or the timeout hits.
+        """
+        from selenium.common.exceptions import WebDriverException
         from selenium.webdriver.support.wait import WebDriverWait
 
-        old_root = self._driver.find_element("tag name", "html")
+        self._driver.execute_script("window.__limenOldPage = true;")
         trigger()
-        wait = WebDriverWait(self._driver, PAGE_LOAD_TIMEOUT_S)
-        wait.until(expected_conditions.staleness_of(old_root))
-        wait.until(lambda driver: driver.execute_script("return document.readyState") == "complete")
+        WebDriverWait(self._driver, PAGE_LOAD_TIMEOUT_S, ignored_exceptions=(WebDriverException,)).until(
+            lambda driver: driver.execute_script(
+                "return window.__limenOldPage === undefined && document.readyState === 'complete';"
+            )
+        )
 
     @staticmethod
     def _text_of(element) -> str:
