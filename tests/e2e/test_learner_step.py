@@ -104,3 +104,23 @@ def test_synthetic_episodes_have_the_asked_shape_and_groups(bench):
         assert [t.reward for t in e.turns] == [0.0, 0.0, float(e.won)]
     with pytest.raises(ValueError, match="turns must be >= 1"):
         bench.SyntheticShape(turns=0)
+
+
+@pytest.mark.parametrize("name", ["boundary", "ppo_critic-turn", "grpo"])
+def test_an_update_makes_won_replies_likelier_and_lost_ones_less_likely(name, bench, toy_model):
+    """The direction of learning, end to end through readout, advantages and the PPO step: on a fixed batch
+    where half the episodes won, the won episodes' response tokens gain log-probability and the lost ones' lose."""
+    cfg = config(toy_model, [*SETTINGS[name], "optim.epochs=4", "loss.entropy_coef=0.0"])
+    learner = load_learner(cfg, get_estimator(cfg.algo).needs(cfg.advantage))
+    episodes = bench.synthetic_episodes(small_shape(bench), learner.policy.n_policy_tokens, group_size_of(cfg))
+    samples = [TurnSample(t.prompt_ids, t.response_ids) for e in episodes for t in e.turns]
+    won = torch.tensor([e.won for e in episodes for _ in e.turns])
+
+    def mean_log_prob() -> torch.Tensor:
+        out = policy_readout(learner.policy, samples, 4096)
+        return torch.where(out.response_mask, out.log_probs, 0.0).sum(dim=1) / out.response_mask.sum(dim=1)
+
+    before = mean_log_prob()
+    learn(learner, episodes, cfg, Timer())
+    change = mean_log_prob() - before
+    assert change[won].mean() > 0 > change[~won].mean(), change
