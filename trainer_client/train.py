@@ -78,6 +78,9 @@ class OptimConfig:
     """Learning rate of the two boundary readout rows (their own optimizer group)."""
     critic_lr: float = 1e-5
     weight_decay: float = 0.0
+    adam_eps: float = 1e-8
+    """AdamW's epsilon. Tiny models want ~1e-5 (as PPO implementations use): at 1e-8, parameters whose
+    gradient is only noise still step by ~lr each update, and the policy drifts."""
     grad_clip: float = 1.0
     epochs: int = 1
     mini_batch_turns: int = 256
@@ -226,14 +229,15 @@ def load_learner(cfg: TrainConfig, needs: EstimatorNeeds, checkpoint: Path | Non
     policy = distributed.shard(Policy.load(checkpoint / "policy" if checkpoint else cfg.model.path,
                                            gradient_checkpointing=cfg.model.gradient_checkpointing, **load))
     learner = Learner(policy, torch.optim.AdamW(
-        policy.parameter_groups(cfg.optim.lr, cfg.optim.value_lr, cfg.optim.weight_decay)))
+        policy.parameter_groups(cfg.optim.lr, cfg.optim.value_lr, cfg.optim.weight_decay), eps=cfg.optim.adam_eps))
     if cfg.loss.kl_coef > 0:  # the frozen starting policy (the run's, not the resumed one's)
         learner.reference = distributed.shard(Policy.load(cfg.model.path, tokenizer=policy.tokenizer, **load))
         learner.reference.requires_grad_(False)
     if needs.values in (ValueSource.CRITIC_TURN, ValueSource.CRITIC_TOKEN):
         learner.critic = distributed.shard(Critic.load(checkpoint / "critic" if checkpoint else cfg.model.path,
                                                        gradient_checkpointing=cfg.model.gradient_checkpointing, **load))
-        learner.critic_optimizer = torch.optim.AdamW(learner.critic.parameters(), lr=cfg.optim.critic_lr)
+        learner.critic_optimizer = torch.optim.AdamW(learner.critic.parameters(), lr=cfg.optim.critic_lr,
+                                                       eps=cfg.optim.adam_eps)
     return learner
 
 
@@ -263,7 +267,7 @@ def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, tim
         batch = turn_batch(episodes, old, needs, critic_values, last_values, cfg.advantage.anchor_similarity)
         advantages = estimator(batch, cfg.advantage)
         targets = update_targets(batch, advantages, old, ref, needs)
-    metrics = value_metrics(batch, advantages, needs)
+    metrics = value_metrics(batch, advantages, needs) | sampler_drift(episodes, old)
 
     # 4. Updates: a separate critic on its own, then the actor (+ V and Q with the readout).
     if learner.critic is not None:
@@ -473,6 +477,16 @@ def train_critic(learner: Learner, samples, batch, advantages: Advantages, criti
                          epochs=cfg.optim.epochs, mini_batch_turns=cfg.optim.mini_batch_turns,
                          micro_batch_tokens=cfg.optim.micro_batch_tokens, grad_clip=cfg.optim.grad_clip,
                          pad_id=learner.pad, select=select)
+
+
+def sampler_drift(episodes: list[EpisodeRecord], old) -> dict[str, float]:
+    """Mean |log-prob the sampler drew each token with - the learner's old log-prob|: near 0 when generation
+    and learning see the same weights at temperature 1 (a stale or mismatched sampler shows up here)."""
+    sampled = torch.zeros_like(old.log_probs)
+    for row, turn in enumerate(t for e in episodes for t in e.turns):
+        sampled[row, :len(turn.sampled_log_probs)] = torch.tensor(turn.sampled_log_probs, dtype=sampled.dtype)
+    return {"policy/sampler_drift": float(((old.log_probs - sampled).abs() * old.response_mask).sum()
+                                          / old.response_mask.sum().clamp(min=1))}
 
 
 def value_metrics(batch, advantages: Advantages, needs) -> dict[str, float]:

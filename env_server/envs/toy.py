@@ -2,8 +2,8 @@
 
 Rooms sit on a line; the agent walks between neighbours, takes and drops objects. Three task
 categories need 1-10 turns each, the only reward is 1.0 at success, and a step costs microseconds.
-Every task's rooms keep the order of ROOMS (a task leaves some out), so the way to a room is learnable:
-the expert's choices depend only on what the agent can know, and a learner can match them.
+Every task's rooms keep the order of ROOMS (a task leaves some out) and a fetch task names the room its object
+starts in, so the expert's choices depend only on what the agent can know, and a learner can match them.
 `info["expert_action"]` gives a shortest-path next action, as the ALFWorld env does.
 """
 
@@ -35,7 +35,9 @@ def _instruction(t: ToyTask) -> str:
     if t.category == "goto":
         return f"go to the {t.target_room}"
     if t.category == "fetch":
-        return f"put the {t.target_object} in the {t.target_room}"
+        # Where the object starts is named: otherwise the expert would walk straight to a room the agent
+        # cannot know, and imitating it would be guessing.
+        return f"put the {t.target_object} from the {dict(t.objects)[t.target_object]} in the {t.target_room}"
     return f"turn on the lamp in the {t.target_room}"
 
 
@@ -69,7 +71,7 @@ def _split_tasks(split: str) -> dict[str, ToyTask]:
 
 class ToyEnv(TextEnv):
     name = "toy"
-    code_version = "toy-3"
+    code_version = "toy-4"
     default_max_turns = 15
 
     def __init__(self) -> None:

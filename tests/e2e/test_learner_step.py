@@ -124,3 +124,10 @@ def test_an_update_makes_won_replies_likelier_and_lost_ones_less_likely(name, be
     learn(learner, episodes, cfg, Timer())
     change = mean_log_prob() - before
     assert change[won].mean() > 0 > change[~won].mean(), change
+
+
+def test_adam_eps_reaches_both_optimizers(toy_model):
+    cfg = config(toy_model, ["algo=ppo_critic", "optim.adam_eps=1e-5"])
+    learner = load_learner(cfg, get_estimator(cfg.algo).needs(cfg.advantage))
+    groups = learner.optimizer.param_groups + learner.critic_optimizer.param_groups
+    assert len(groups) >= 3 and all(group["eps"] == 1e-5 for group in groups)

@@ -9,8 +9,11 @@ so an 80-episode before/after difference of an unchanged policy has a std of abo
 RL runs that did not learn moved it by -0.14 to +0.10.
 
 Status: this test FAILS today; it is the open must-show of issue 5 (the closing note there has every run).
-No setting tried so far learned: at lr 1e-4 the policy barely moves (approx. KL < 1e-3), at 3e-4 and above a
-single iteration can lurch (approx. KL 0.05-0.6) and the value readout explains almost nothing (EV <= 0.11).
+With these settings RL is stable (no collapse of the reply format over 30 iterations; mean approx. KL
+0.008-0.024 per iteration; value EV up to 0.3-0.56) but held-out success rises too little. On toy-3:
+0.2125 -> 0.2375 (seed 0), 0.225 -> 0.2 (seed 1). On toy-4, where every expert choice can be inferred from
+the prompt: 0.15 -> 0.2375 (seed 0) and 0.1625 -> 0.1875 (seed 1), with training success (T = 1) rising from
+0.11 to 0.28 over seed 1's 30 iterations. Each seed took ~19 min of RL with four jobs sharing the 2 cores.
 """
 
 from __future__ import annotations
@@ -48,18 +51,21 @@ class ToyLearning:
     sft_epochs: float = 5.0          # held-out ~0.2 after it: room to improve
     sft_lr: float = 3e-3
     eval_seeds: tuple[int, ...] = (0, 1)
-    iterations: int = 15
+    iterations: int = 30
     episodes_per_iteration: int = 32
-    lr: float = 3e-4                 # 1e-4 barely moves the policy in 15 iterations (approx_kl < 1e-3)
+    lr: float = 3e-4
     value_lr: float = 1e-3
     value_coef: float = 0.5
-    mini_batch_turns: int = 64
+    epochs: int = 4                  # 4 epochs of 32-turn mini-batches: ~36 small steps per iteration
+    mini_batch_turns: int = 32
+    adam_eps: float = 1e-5           # PPO's usual; at 1e-8 parameters with noise-only gradients step by ~lr
+    kl_coef: float = 0.05            # a pull toward the SFT start (low_var_kl)
     max_turns: int = 10
     max_new_tokens: int = 16
     history_turns: int = 1
     history_obs_max_words: int = 10
     # Chosen on toy-1, where ~9% of episodes were won by any reply and replies collapsed to junk at the
-    # default 0.01 (lr 3e-4). toy-2 removed those free wins; 0.01 was not re-measured on it.
+    # default 0.01 (lr 3e-4). toy-2 removed those free wins; 0.01 was not re-measured since.
     format_penalty: float = 0.5
 
 
@@ -82,8 +88,9 @@ def rl_config(setting: ToyLearning, model: Path, run_dir: Path, server: str, see
         f"prompt.history_turns={setting.history_turns}",
         f"prompt.history_obs_max_words={setting.history_obs_max_words}",
         f"prompt.format_penalty={setting.format_penalty}",
-        "loss.kl_coef=0.0", f"loss.value_coef={setting.value_coef}", f"optim.lr={setting.lr}",
-        f"optim.value_lr={setting.value_lr}", f"optim.mini_batch_turns={setting.mini_batch_turns}"])
+        f"loss.kl_coef={setting.kl_coef}", f"loss.value_coef={setting.value_coef}", f"optim.lr={setting.lr}",
+        f"optim.value_lr={setting.value_lr}", f"optim.mini_batch_turns={setting.mini_batch_turns}",
+        f"optim.epochs={setting.epochs}", f"optim.adam_eps={setting.adam_eps}"])
 
 
 async def held_out_success(pool: EnvPool, checkpoint: Path, cfg: TrainConfig, setting: ToyLearning) -> float:
@@ -137,7 +144,7 @@ async def learning_run(setting: ToyLearning, seed: int, out: Path) -> LearningRe
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_boundary_rl_raises_held_out_success(seed, tmp_path):
     result = asyncio.run(learning_run(ToyLearning(), seed, tmp_path))

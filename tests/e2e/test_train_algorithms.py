@@ -63,6 +63,8 @@ def check_run(name: str, rows: list[dict], run_dir: Path, model: Path, iteration
         assert {"loss/policy", "loss/kl", "policy/grad_norm", "policy/entropy"} <= row.keys()
         assert ("loss/value" in row) == ("loss/q_value" in row) == (name == "boundary")
         assert ("critic/loss" in row) == reads_critic
+        # Rollouts come from the weights being trained: the sampler's log-probs are the learner's (T = 1).
+        assert row["policy/sampler_drift"] < 1e-4, row["policy/sampler_drift"]
 
     checkpoint = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
     before, after = load_file(model / "model.safetensors"), load_file(checkpoint / "policy" / "model.safetensors")

@@ -130,7 +130,11 @@ async def test_a_broken_game_fails_its_own_reset_and_no_other_session(tmp_path):
 @pytest.mark.data
 @pytest.mark.slow
 @pytest.mark.timeout(SLOW_TIMEOUT_S)
-async def test_the_expert_wins_at_least_254_of_274_eval_games_over_the_wire_the_same_games_as_upstream():
+async def test_the_expert_wins_at_least_254_of_274_eval_games_over_the_wire_the_same_games_as_upstream(monkeypatch):
+    # Where the expert searches, its picks follow set order, i.e. string hashing: upstream itself takes another
+    # path on valid_seen pick_two ToiletPaper Drawer-423 under another PYTHONHASHSEED. Both sides (our workers,
+    # upstream's players) are child processes and get the same one.
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
     env = AlfWorldEnv(data_dir=official_data_dir())
     episodes = [(split, task.task_id) for split in EVAL_SPLITS for task in env.splits()[split].playable]
     assert len(episodes) == 274
