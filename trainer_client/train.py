@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from trainer_client import configuration, distributed
 from trainer_client.algorithms import (
     AdvantageConfig, Advantages, EstimatorNeeds, LossConfig, ValueSource, explained_variance, get_estimator,
+    masked_mean,
 )
 from trainer_client.env_pool import EnvPool, PoolConfig
 from trainer_client.evaluate import EVAL_TEMPERATURE, evaluate
@@ -485,8 +486,7 @@ def sampler_drift(episodes: list[EpisodeRecord], old) -> dict[str, float]:
     sampled = torch.zeros_like(old.log_probs)
     for row, turn in enumerate(t for e in episodes for t in e.turns):
         sampled[row, :len(turn.sampled_log_probs)] = torch.tensor(turn.sampled_log_probs, dtype=sampled.dtype)
-    return {"policy/sampler_drift": float(((old.log_probs - sampled).abs() * old.response_mask).sum()
-                                          / old.response_mask.sum().clamp(min=1))}
+    return {"policy/sampler_drift": float(masked_mean((old.log_probs - sampled).abs(), old.response_mask))}
 
 
 def value_metrics(batch, advantages: Advantages, needs) -> dict[str, float]:
