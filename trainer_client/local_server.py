@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 import grpc
@@ -57,13 +57,16 @@ def die_with_parent() -> None:
 
 @contextlib.asynccontextmanager
 async def local_env_server(envs: Sequence[str], extra_args: Sequence[str] = (), log_file: Path | None = None,
-                           start_timeout_s: float = 900.0) -> AsyncIterator[str]:
-    """Yields the address of a `python -m env_server` child; drains it (SIGTERM) on exit."""
+                           start_timeout_s: float = 900.0,
+                           extra_env: Mapping[str, str] | None = None) -> AsyncIterator[str]:
+    """Yields the address of a `python -m env_server` child (this environment plus `extra_env`); drains it
+    (SIGTERM) on exit."""
     port = free_port()
     command = [sys.executable, "-m", "env_server", "--envs", ",".join(envs), "--port", str(port),
                "--metrics-port", "-1", *extra_args]
     log = open(log_file, "ab") if log_file else subprocess.DEVNULL
-    process = subprocess.Popen(command, stdout=log, stderr=log, env=os.environ.copy(), preexec_fn=die_with_parent)
+    process = subprocess.Popen(command, stdout=log, stderr=log, env={**os.environ, **(extra_env or {})},
+                               preexec_fn=die_with_parent)
     address = f"127.0.0.1:{port}"
     try:
         await wait_until_serving(address, process, start_timeout_s)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import random
@@ -111,16 +112,21 @@ def expert_samples(tokenizer, episodes: Iterable[ExpertEpisode], prompts: Prompt
 
 
 def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: float, batch_turns: int = 32,
-        micro_batch_tokens: int = 16384, grad_clip: float = 1.0, seed: int = 0,
-        console: Console | None = None) -> list[float]:
+        micro_batch_tokens: int = 16384, grad_clip: float = 1.0, lr_decay: bool = False,
+        prompt_loss_weight: float = 0.0, seed: int = 0, console: Console | None = None) -> list[float]:
     """Maximize the masked log-likelihood of the expert replies (token-mean). Returns the loss per step.
 
     `epochs` may be fractional: a short warm start that leaves the policy room to improve with RL.
+    `prompt_loss_weight` > 0 also fits the prompt tokens (their token-mean, at that weight): at no extra
+    forward cost, a random-init model learns the env's text, e.g. that the objects named in an
+    observation reappear in the admissible actions, which is the copying its replies need.
     """
     generator = torch.Generator().manual_seed(seed)
     steps = max(1, math.ceil(epochs * len(samples) / batch_turns))
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, steps // 10)))
+    warmup = max(1, steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
+        warmup_then_constant_or_linear, warmup=warmup, steps=steps, decay=lr_decay))
     pad, losses, order = pad_id(policy.tokenizer), [], torch.empty(0, dtype=torch.long)
     policy.train()
     progress = Progress(TextColumn("[bold]SFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -131,13 +137,23 @@ def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: flo
             if len(order) < batch_turns:
                 order = torch.cat([order, torch.randperm(len(samples), generator=generator)])
             batch, order = order[:batch_turns], order[batch_turns:]
-            tokens = sum(len(samples[i].response_ids) for i in batch.tolist())
+            chosen_all = [samples[i] for i in batch.tolist()]
+            reply_tokens = sum(len(s.response_ids) for s in chosen_all)
+            prompt_tokens = sum(len(s.prompt_ids) - 1 for s in chosen_all)
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for group in micro_batches([len(samples[i]) for i in batch.tolist()], micro_batch_tokens):
-                chosen = [samples[i] for i in batch[group].tolist()]
-                out = policy(TokenBatch.from_samples(chosen, pad))
-                loss = -(out.log_probs * out.response_mask).sum() / tokens
+            for group in micro_batches([len(s) for s in chosen_all], micro_batch_tokens):
+                chosen = [chosen_all[i] for i in group]
+                if prompt_loss_weight > 0:
+                    # The whole sequence as the "response" of its first token; the mask tells the parts apart.
+                    out = policy(TokenBatch.from_samples([whole_sequence(s) for s in chosen], pad))
+                    in_prompt = prompt_part_mask([len(s.prompt_ids) - 1 for s in chosen], out.response_mask)
+                    nll = -(out.log_probs * out.response_mask)
+                    loss = ((nll * ~in_prompt).sum() / reply_tokens
+                            + prompt_loss_weight * (nll * in_prompt).sum() / prompt_tokens)
+                else:
+                    out = policy(TokenBatch.from_samples(chosen, pad))
+                    loss = -(out.log_probs * out.response_mask).sum() / reply_tokens
                 loss.backward()
                 total += loss.item()
             torch.nn.utils.clip_grad_norm_(policy.model.parameters(), grad_clip)
@@ -146,6 +162,22 @@ def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: flo
             losses.append(total)
             progress.update(bar, advance=1, loss=total)
     return losses
+
+
+def warmup_then_constant_or_linear(step: int, *, warmup: int, steps: int, decay: bool) -> float:
+    """The SFT learning-rate factor: linear warm-up over `warmup` steps, then 1, or a linear decay towards 0."""
+    return min((step + 1) / warmup, (steps - step) / max(1, steps - warmup) if decay else 1.0)
+
+
+def whole_sequence(sample: TurnSample) -> TurnSample:
+    ids = sample.prompt_ids + sample.response_ids
+    return TurnSample(ids[:1], ids[1:])
+
+
+def prompt_part_mask(prompt_parts: Sequence[int], response_mask: torch.Tensor) -> torch.Tensor:
+    """[N, L] bool: True where a `whole_sequence` target token is a prompt token (its first P - 1)."""
+    offsets = torch.arange(response_mask.shape[1], device=response_mask.device)
+    return (offsets < torch.tensor(prompt_parts, device=response_mask.device)[:, None]) & response_mask
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env-servers", default="", help="comma-separated targets; empty starts a local server")
     parser.add_argument("--epochs", type=float, default=1.0)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr-decay", action="store_true", help="decay the learning rate linearly after warm-up")
+    parser.add_argument("--prompt-loss-weight", type=float, default=0.0,
+                        help="also fit the prompt tokens at this weight (helps random-init models)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
@@ -177,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     episodes = asyncio.run(load_episodes())
     policy = Policy.load(args.checkpoint)
     samples = expert_samples(policy.tokenizer, episodes, PromptConfig())
-    losses = sft(policy, samples, epochs=args.epochs, lr=args.lr, seed=args.seed)
+    losses = sft(policy, samples, epochs=args.epochs, lr=args.lr, lr_decay=args.lr_decay,
+                 prompt_loss_weight=args.prompt_loss_weight, seed=args.seed)
     policy.save(args.out)
     print(f"sft: {len(episodes)} episodes, {len(samples)} turns, final loss {losses[-1]:.4f} -> {args.out}")
     return 0

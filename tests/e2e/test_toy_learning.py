@@ -8,12 +8,11 @@ Threshold: the same checkpoint evaluated under 10 sampling seeds gave 40-task su
 so an 80-episode before/after difference of an unchanged policy has a std of about 0.03; +0.15 is ~5 std.
 RL runs that did not learn moved it by -0.14 to +0.10.
 
-Status: this test FAILS today, narrowly; it is the open must-show of issue 5 (its closing note has every run).
-Last measured on toy-4 (every expert choice can be inferred from the prompt) with these settings, 60
-iterations: held-out 0.15 -> 0.275 (seed 0, +0.125) and 0.1625 -> 0.3625 (seed 1, +0.2); training success
-(T = 1) rose from 0.17 to 0.28-0.30 per 10 iterations in both; no collapse of the reply format, mean approx.
-KL 0.009-0.017 per iteration, value EV up to 0.58-0.67. ~20 min of RL per seed with two seeds sharing the
-2 cores. At 30 iterations the gains were +0.09 and +0.025.
+Measured on toy-4 (every expert choice can be inferred from the prompt) with these settings, 60 iterations,
+both seeds sharing the 2 cores (~22 min each): held-out 0.175 -> 0.3875 (seed 0, +0.21) and 0.225 -> 0.375
+(seed 1, +0.15, exactly the threshold), so the margin is thin; training success (T = 1) rose from ~0.17 to
+~0.3, with no collapse of the reply format (mean approx. KL 0.009-0.017 per iteration, value EV up to ~0.6).
+At 30 iterations the gains were +0.09 and +0.025: fewer iterations do not show it.
 """
 
 from __future__ import annotations

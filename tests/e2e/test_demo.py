@@ -1,0 +1,39 @@
+"""`make demo`'s job end to end at a toy scale: a real env server with freshly generated ALFWorld games,
+expert play, tokenizer and tiny model, SFT (with the prompt loss), held-out evaluation, one RL iteration,
+evaluation again, the PNG, and the last line the issue fixes. The full-size run is `make demo` itself."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from trainer_client import configuration
+from trainer_client.demo import DemoConfig, main
+
+ROOT = Path(__file__).resolve().parents[2]
+LAST_LINE = re.compile(r"^held-out success: sft=(\d\.\d{3}) rl=(\d\.\d{3}) games=(\d+)$")
+
+
+def test_the_demo_config_loads():
+    cfg = configuration.load(DemoConfig, str(ROOT / "configs" / "demo.yaml"), [])
+    assert cfg.env == "alfworld" and cfg.rl.algo == "boundary"
+
+
+def test_a_small_demo_runs_end_to_end(tmp_path, capsys):
+    server_args = ("[--workers, '1', --env-option, alfworld.generated=true, --env-option, alfworld.gen_train_games=12, "
+                   f"--env-option, alfworld.gen_test_games=6, --env-option, alfworld.cache_dir={tmp_path / 'games'}]")
+    overrides = [f"out_dir={tmp_path / 'demo'}", f"server_args={server_args}", "sft_episodes=12", "sft_epochs=1",
+                 "eval_episodes=6", "rl.iterations=1", "rl.episodes_per_iteration=4", "rl.save_every=1",
+                 "rl.rollout.max_turns=6", "model_size=micro"]
+    assert main(["--config", str(ROOT / "configs" / "demo.yaml"), *overrides]) == 0
+
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    match = LAST_LINE.match(last)
+    assert match, last
+    results = json.loads((tmp_path / "demo" / "results.json").read_text())
+    assert float(match[1]) == round(results["sft"]["success"], 3) and float(match[2]) == round(results["rl"]["success"], 3)
+    assert int(match[3]) == results["rl"]["episodes"] == results["sft"]["episodes"] == 6
+    assert (tmp_path / "demo" / "demo.png").stat().st_size > 10_000
+    metrics = (tmp_path / "demo" / "rl" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in metrics] == [0]
