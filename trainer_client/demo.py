@@ -91,7 +91,7 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
         console.print(f"[dim]{time.perf_counter() - started:6.0f}s[/dim] {message}")
 
     # ALFWorld's handcoded expert searches receptacles in set order, which follows the hash seed: fixing it
-    # makes expert play, and so the whole demo, repeat from run to run.
+    # makes expert play, and so the SFT data, the same from run to run.
     hash_seed = {"PYTHONHASHSEED": str(cfg.seed)}
     async with local_env_server([cfg.env], cfg.server_args, log_file=out / "env_server.log",
                                 extra_env=hash_seed) as address:
