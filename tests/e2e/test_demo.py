@@ -1,12 +1,15 @@
 """`make demo`'s job end to end at a toy scale: a real env server with freshly generated ALFWorld games,
 expert play, tokenizer and tiny model, SFT (with the prompt loss), held-out evaluation, one RL iteration,
-evaluation again, the PNG, and the last line the issue fixes. The full-size run is `make demo` itself."""
+evaluation again, the PNG, and the last line the issue fixes. The full-size run is `make demo` itself.
+Then benchmarks/rl_from_checkpoint.py continues RL from the demo's warm start."""
 
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
+
+from training_fixtures import load_benchmark
 
 from trainer_client import configuration
 from trainer_client.demo import DemoConfig, main
@@ -20,13 +23,15 @@ def test_the_demo_config_loads():
     assert cfg.env == "alfworld" and cfg.rl.algo == "boundary"
 
 
-def test_a_small_demo_runs_end_to_end(tmp_path, capsys):
+def small(tmp_path: Path) -> list[str]:
     server_args = ("[--workers, '1', --env-option, alfworld.generated=true, --env-option, alfworld.gen_train_games=12, "
                    f"--env-option, alfworld.gen_test_games=6, --env-option, alfworld.cache_dir={tmp_path / 'games'}]")
-    overrides = [f"out_dir={tmp_path / 'demo'}", f"server_args={server_args}", "sft_episodes=12", "sft_epochs=1",
-                 "eval_episodes=6", "rl.iterations=1", "rl.episodes_per_iteration=4", "rl.save_every=1",
-                 "rl.rollout.max_turns=6", "model_size=micro"]
-    assert main(["--config", str(ROOT / "configs" / "demo.yaml"), *overrides]) == 0
+    return [f"server_args={server_args}", "sft_episodes=12", "sft_epochs=1", "eval_episodes=6", "rl.iterations=1",
+            "rl.episodes_per_iteration=4", "rl.save_every=1", "rl.rollout.max_turns=6", "model_size=micro"]
+
+
+def test_a_small_demo_runs_end_to_end_and_rl_continues_from_its_warm_start(tmp_path, capsys):
+    assert main(["--config", str(ROOT / "configs" / "demo.yaml"), f"out_dir={tmp_path / 'demo'}", *small(tmp_path)]) == 0
 
     last = capsys.readouterr().out.strip().splitlines()[-1]
     match = LAST_LINE.match(last)
@@ -37,3 +42,10 @@ def test_a_small_demo_runs_end_to_end(tmp_path, capsys):
     assert (tmp_path / "demo" / "demo.png").stat().st_size > 10_000
     metrics = (tmp_path / "demo" / "rl" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["iteration"] for line in metrics] == [0]
+
+    more = load_benchmark(ROOT / "benchmarks" / "rl_from_checkpoint.py")
+    assert more.main(["--sft", str(tmp_path / "demo" / "sft"), "--out", str(tmp_path / "more"), "--iterations", "2",
+                      "--save-every", "1", "--threads", "2", *small(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "more" / "held_out.json").read_text())
+    assert [row["checkpoint"] for row in rows] == ["start", "iter_000000", "iter_000001"]
+    assert all(row["episodes"] == 6 and 0.0 <= row["success"] <= 1.0 for row in rows)
