@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import sys
@@ -22,36 +21,24 @@ import torch
 from rich.console import Console
 
 from trainer_client import configuration
-from trainer_client.demo import DemoConfig
+from trainer_client.demo import DemoConfig, demo_env_server, held_out, rl_config
 from trainer_client.env_pool import EnvPool
-from trainer_client.evaluate import EVAL_TEMPERATURE, evaluate
-from trainer_client.local_server import local_env_server
-from trainer_client.policy import Policy, TransformersBackend
 from trainer_client.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 async def run(cfg: DemoConfig, sft_dir: Path, out: Path) -> list[dict]:
-    hash_seed = {"PYTHONHASHSEED": str(cfg.seed)}
-    async with local_env_server([cfg.env], cfg.server_args, log_file=None, extra_env=hash_seed) as address:
-        async with EnvPool([address]) as pool:
-            eval_ids = sorted(await pool.list_tasks(cfg.env, cfg.eval_split))[:cfg.eval_episodes]
-            rl_cfg = dataclasses.replace(
-                cfg.rl, run_dir=str(out), seed=cfg.seed,
-                model=dataclasses.replace(cfg.rl.model, path=str(sft_dir)),
-                env=dataclasses.replace(cfg.rl.env, name=cfg.env, train_split=cfg.train_split, servers=(address,)))
-            torch.manual_seed(cfg.seed)
-            await train(rl_cfg, console=Console(stderr=True))
-            rollout = dataclasses.replace(cfg.rl.rollout, temperature=EVAL_TEMPERATURE)
-            saved = sorted((out / "checkpoints").glob("iter_*"))
-            rows = []
-            for label, path in [("start", sft_dir)] + [(p.name, p / "policy") for p in saved]:
-                policy = Policy.load(path)
-                result = await evaluate(pool, TransformersBackend.from_policy(policy), policy.tokenizer, cfg.env,
-                                        cfg.eval_split, eval_ids, rollout, cfg.rl.prompt, seed=cfg.seed)
-                rows.append({"checkpoint": label, "success": result.success, "episodes": result.total.episodes})
-                print(json.dumps(rows[-1]), flush=True)
+    async with demo_env_server(cfg) as address, EnvPool([address]) as pool:
+        eval_ids = sorted(await pool.list_tasks(cfg.env, cfg.eval_split))[:cfg.eval_episodes]
+        torch.manual_seed(cfg.seed)
+        await train(rl_config(cfg, sft_dir, out, address), console=Console(stderr=True))
+        rows = []
+        saved = sorted((out / "checkpoints").glob("iter_*"))
+        for label, checkpoint in [("start", sft_dir)] + [(p.name, p / "policy") for p in saved]:
+            result = await held_out(pool, cfg, eval_ids, checkpoint)
+            rows.append({"checkpoint": label, "success": result.success, "episodes": result.total.episodes})
+            print(json.dumps(rows[-1]), flush=True)
     (out / "held_out.json").write_text(json.dumps(rows, indent=1) + "\n")
     return rows
 

@@ -17,6 +17,7 @@ import json
 import random
 import sys
 import time
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,7 +47,7 @@ class DemoConfig:
     sft_lr: float = 2e-3
     sft_batch_turns: int = 16
     sft_lr_decay: bool = False
-    """Decay the SFT learning rate linearly to 0 (after warm-up): a better fit for the same steps."""
+    """Decay the SFT learning rate linearly towards 0 (after warm-up): a better fit for the same steps."""
     sft_prompt_loss_weight: float = 0.0
     """Also fit the prompt tokens at this weight (trainer_client.sft.sft): the tiny model learns the env's text."""
     eval_episodes: int = 64
@@ -81,6 +82,31 @@ def plot(out: Path, sft_losses: list[float], metrics: list[dict], before: EvalRe
     return path
 
 
+def demo_env_server(cfg: DemoConfig, log_file: Path | None = None) -> AbstractAsyncContextManager[str]:
+    """The env server child every phase talks to (its address).
+
+    ALFWorld's handcoded expert searches receptacles in set order, which follows the hash seed: fixing it
+    makes expert play, and so the SFT data, the same from run to run.
+    """
+    return local_env_server([cfg.env], cfg.server_args, log_file=log_file,
+                            extra_env={"PYTHONHASHSEED": str(cfg.seed)})
+
+
+def rl_config(cfg: DemoConfig, start: Path, run_dir: Path, address: str) -> TrainConfig:
+    """The demo's RL run from the checkpoint `start`, on the demo's server."""
+    return dataclasses.replace(
+        cfg.rl, run_dir=str(run_dir), seed=cfg.seed, model=dataclasses.replace(cfg.rl.model, path=str(start)),
+        env=dataclasses.replace(cfg.rl.env, name=cfg.env, train_split=cfg.train_split, servers=(address,)))
+
+
+async def held_out(pool: EnvPool, cfg: DemoConfig, eval_ids: list[str], checkpoint: Path) -> EvalResult:
+    """Success of `checkpoint` on the held-out games, sampled at the anchor's evaluation temperature."""
+    policy = Policy.load(checkpoint)
+    rollout = dataclasses.replace(cfg.rl.rollout, temperature=EVAL_TEMPERATURE)
+    return await evaluate(pool, TransformersBackend.from_policy(policy), policy.tokenizer, cfg.env, cfg.eval_split,
+                          eval_ids, rollout, cfg.rl.prompt, seed=cfg.seed)
+
+
 async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -90,11 +116,7 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
     def note(message: str) -> None:
         console.print(f"[dim]{time.perf_counter() - started:6.0f}s[/dim] {message}")
 
-    # ALFWorld's handcoded expert searches receptacles in set order, which follows the hash seed: fixing it
-    # makes expert play, and so the SFT data, the same from run to run.
-    hash_seed = {"PYTHONHASHSEED": str(cfg.seed)}
-    async with local_env_server([cfg.env], cfg.server_args, log_file=out / "env_server.log",
-                                extra_env=hash_seed) as address:
+    async with demo_env_server(cfg, log_file=out / "env_server.log") as address:
         note(f"env server up at {address} ({cfg.env})")
         async with EnvPool([address]) as pool:
             train_ids = sorted(await pool.list_tasks(cfg.env, cfg.train_split))
@@ -119,19 +141,12 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
             policy.save(out / "sft")
             note(f"SFT: {len(samples)} turn samples, loss {sft_losses[0]:.2f} -> {sft_losses[-1]:.3f}")
 
-            eval_rollout = dataclasses.replace(cfg.rl.rollout, temperature=EVAL_TEMPERATURE)
-            before = await evaluate(pool, TransformersBackend.from_policy(policy), policy.tokenizer, cfg.env,
-                                    cfg.eval_split, eval_ids, eval_rollout, cfg.rl.prompt, seed=cfg.seed)
+            before = await held_out(pool, cfg, eval_ids, out / "sft")
             note(f"held-out success after SFT: {before.success:.3f} ({before.total.won}/{before.total.episodes})")
 
-            rl_cfg = dataclasses.replace(
-                cfg.rl, run_dir=str(out / "rl"), seed=cfg.seed,
-                model=dataclasses.replace(cfg.rl.model, path=str(out / "sft")),
-                env=dataclasses.replace(cfg.rl.env, name=cfg.env, train_split=cfg.train_split, servers=(address,)))
-            await train(rl_cfg, console=console)
-            rl_policy = Policy.load(out / "rl" / "checkpoints" / (out / "rl" / "checkpoints" / "latest").read_text().strip() / "policy")
-            after = await evaluate(pool, TransformersBackend.from_policy(rl_policy), rl_policy.tokenizer, cfg.env,
-                                   cfg.eval_split, eval_ids, eval_rollout, cfg.rl.prompt, seed=cfg.seed)
+            await train(rl_config(cfg, out / "sft", out / "rl", address), console=console)
+            latest = out / "rl" / "checkpoints" / (out / "rl" / "checkpoints" / "latest").read_text().strip()
+            after = await held_out(pool, cfg, eval_ids, latest / "policy")
             note(f"held-out success after RL: {after.success:.3f} ({after.total.won}/{after.total.episodes})")
 
     metrics = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines() if line]

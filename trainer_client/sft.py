@@ -137,13 +137,13 @@ def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: flo
             if len(order) < batch_turns:
                 order = torch.cat([order, torch.randperm(len(samples), generator=generator)])
             batch, order = order[:batch_turns], order[batch_turns:]
-            chosen_all = [samples[i] for i in batch.tolist()]
-            reply_tokens = sum(len(s.response_ids) for s in chosen_all)
-            prompt_tokens = sum(len(s.prompt_ids) - 1 for s in chosen_all)
+            batch_samples = [samples[i] for i in batch.tolist()]
+            reply_tokens = sum(len(s.response_ids) for s in batch_samples)
+            prompt_tokens = sum(len(s.prompt_ids) - 1 for s in batch_samples)
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for group in micro_batches([len(s) for s in chosen_all], micro_batch_tokens):
-                chosen = [chosen_all[i] for i in group]
+            for group in micro_batches([len(s) for s in batch_samples], micro_batch_tokens):
+                chosen = [batch_samples[i] for i in group]
                 if prompt_loss_weight > 0:
                     # The whole sequence as the "response" of its first token; the mask tells the parts apart.
                     out = policy(TokenBatch.from_samples([whole_sequence(s) for s in chosen], pad))
