@@ -37,7 +37,8 @@ async def run(cfg: DemoConfig, sft_dir: Path, out: Path) -> list[dict]:
         saved = sorted((out / "checkpoints").glob("iter_*"))
         for label, checkpoint in [("start", sft_dir)] + [(p.name, p / "policy") for p in saved]:
             result = await held_out(pool, cfg, eval_ids, checkpoint)
-            rows.append({"checkpoint": label, "success": result.success, "episodes": result.total.episodes})
+            rows.append({"checkpoint": label, "success": result.success, "episodes": result.total.episodes,
+                         "dropped": result.dropped})
             print(json.dumps(rows[-1]), flush=True)
     (out / "held_out.json").write_text(json.dumps(rows, indent=1) + "\n")
     return rows

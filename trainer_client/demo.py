@@ -107,6 +107,12 @@ async def held_out(pool: EnvPool, cfg: DemoConfig, eval_ids: list[str], checkpoi
                           eval_ids, rollout, cfg.rl.prompt, seed=cfg.seed)
 
 
+def counts(result: EvalResult) -> str:
+    """Success with its counts; episodes the env pool dropped are not in the rate, so they are named."""
+    dropped = f", {result.dropped} dropped" if result.dropped else ""
+    return f"{result.success:.3f} ({result.total.won}/{result.total.episodes}{dropped})"
+
+
 async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -142,12 +148,12 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
             note(f"SFT: {len(samples)} turn samples, loss {sft_losses[0]:.2f} -> {sft_losses[-1]:.3f}")
 
             before = await held_out(pool, cfg, eval_ids, out / "sft")
-            note(f"held-out success after SFT: {before.success:.3f} ({before.total.won}/{before.total.episodes})")
+            note(f"held-out success after SFT: {counts(before)}")
 
             await train(rl_config(cfg, out / "sft", out / "rl", address), console=console)
             latest = out / "rl" / "checkpoints" / (out / "rl" / "checkpoints" / "latest").read_text().strip()
             after = await held_out(pool, cfg, eval_ids, latest / "policy")
-            note(f"held-out success after RL: {after.success:.3f} ({after.total.won}/{after.total.episodes})")
+            note(f"held-out success after RL: {counts(after)}")
 
     metrics = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines() if line]
     (out / "results.json").write_text(json.dumps({"sft": before.as_dict(), "rl": after.as_dict(),

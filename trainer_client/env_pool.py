@@ -54,6 +54,7 @@ class PoolConfig:
     retry_initial_backoff_s: float = 0.05
     retry_max_backoff_s: float = 2.0
     # How often `open` walks every server (with backoff and a fresh load poll) before NoServerAvailable.
+    # Rounds where the only obstacle was full servers do not count, for up to reset_timeout_s.
     placement_rounds: int = 4
     # How many lost sessions one episode survives before it is dropped.
     replay_attempts: int = 3
@@ -553,10 +554,16 @@ class EnvPool:
     # ---- placement ----------------------------------------------------------------------------------
     async def _open_session(self, request: env_pb2.ResetRequest,
                             avoid: frozenset[str]) -> tuple[_Session, env_pb2.Transition]:
-        for round_index in range(self.config.placement_rounds):
-            if round_index:
-                await asyncio.sleep(backoff_s(self.config, round_index))
+        # Full servers are back-pressure, not failure: while some host is up and merely full, the wait for a
+        # slot (up to reset_timeout_s) uses up no placement round, so a burst of episodes queues instead of
+        # dropping the ones that found no room.
+        deadline = asyncio.get_running_loop().time() + self.config.reset_timeout_s
+        failed_rounds = attempt = 0
+        while failed_rounds < self.config.placement_rounds:
+            if attempt:
+                await asyncio.sleep(backoff_s(self.config, attempt))
                 await self._poll_all()
+            attempt += 1
             for server in self._placement(request.env, avoid):
                 session = _SESSION_TYPES[self.config.transport](self, server)
                 # Reserve the slot before awaiting, so that concurrent opens spread instead of all
@@ -576,8 +583,14 @@ class EnvPool:
                 server.live += 1
                 self._count("opened", server)
                 return session, first
+            if not (self._only_full(request.env) and asyncio.get_running_loop().time() < deadline):
+                failed_rounds += 1
         raise NoServerAvailable(f"no server took a {request.env!r} session in {self.config.placement_rounds} "
                                 f"rounds: {self._describe_servers()}")
+
+    def _only_full(self, env: str) -> bool:
+        """Some server hosting `env` answers and is not draining: it refused for want of room only."""
+        return any(not server.load.draining for server in self._hosts(env))
 
     def _placement(self, env: str, avoid: frozenset[str]) -> list[_Server]:
         hosts = self._hosts(env)

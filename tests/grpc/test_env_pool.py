@@ -4,6 +4,7 @@ replay after a lost session, drops, capacity, versions, bearer token and TLS."""
 from __future__ import annotations
 
 import asyncio
+import time
 import contextlib
 import subprocess
 from pathlib import Path
@@ -219,15 +220,22 @@ async def test_a_client_deadline_also_counts_as_a_lost_session():
 # ---- capacity, versions, credentials ----------------------------------------------------------------------
 
 
-async def test_a_full_server_gives_no_server_available_until_a_slot_frees():
+async def test_a_full_server_makes_open_wait_for_a_slot_then_gives_up_at_the_reset_deadline():
     async with serve(server_config("toy", max_sessions=2)) as running:
-        async with EnvPool([running.address], placement_rounds=2, **QUICK) as pool:
+        async with EnvPool([running.address], placement_rounds=2, reset_timeout_s=0.5, **QUICK) as pool:
             first, _ = await asyncio.gather(pool.open("toy", "train", "fetch-001"),
                                             pool.open("toy", "train", "fetch-004"))
+            # Full is back-pressure: the open waits (past its two placement rounds) ...
+            started = time.perf_counter()
             with pytest.raises(NoServerAvailable, match="RESOURCE_EXHAUSTED|2/2"):
                 await pool.open("toy", "train", "fetch-007")
+            assert time.perf_counter() - started >= 0.5
+            # ... and takes the slot as soon as one frees.
+            waiting = asyncio.create_task(pool.open("toy", "train", "fetch-007"))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
             await first.close()
-            await (await pool.open("toy", "train", "fetch-007")).close()
+            await (await asyncio.wait_for(waiting, 10)).close()
 
 
 async def test_servers_on_different_versions_are_not_mixed():

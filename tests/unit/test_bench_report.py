@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -205,3 +206,35 @@ def test_max_sessions_stops_at_the_first_level_over_the_bound():
     assert sessions.max_sessions_under([level(16, 80.0)], 50.0) is None
     assert sessions.endless_action("webshop", 1, __import__("random").Random(0)).startswith("search[")
     assert sessions.endless_action("webshop", 2, __import__("random").Random(0)) == "click[back to search]"
+
+
+def _episode(observations_actions: list[tuple[str, str]], won: bool):
+    from trainer_client.rollout import EpisodeRecord, TaskRef, Turn
+
+    turns = [Turn((1,), (2,), (0.0,), observation, action, True, 0.0, 0.0, False) for observation, action in observations_actions]
+    return EpisodeRecord(TaskRef("alfworld", "gen_test", "t"), turns=turns, won=won, terminated=won, truncated=not won)
+
+
+def test_demo_failures_counts_rejected_and_repeated_actions():
+    demo_failures = load("demo_failures")
+    lost = _episode([("start", "go to desk 1")] + [("Nothing happens.", "go to desk 1")] * 6, won=False)
+    won = _episode([("start", "go to bed 1"), ("You arrive at bed 1.", "take book 1 from bed 1")], won=True)
+    # Five of the lost episode's actions were answered "Nothing happens."; its last action has no answer.
+    assert demo_failures.rejected_flags(lost) == [True] * 6 + [None]
+    assert demo_failures.rejected_flags(won) == [False, False]
+    stats = demo_failures.failure_stats([lost, won])
+    assert stats["success"] == 0.5 and stats["lost_with_5_rejected"] == 1
+    assert stats["rejected_share"] == pytest.approx(6 / 9) and stats["repeat_share"] == pytest.approx(6 / 9)
+
+
+def test_demo_failures_mc_advantages_favour_what_wins():
+    demo_failures = load("demo_failures")
+    lost = _episode([("start", "go to desk 1"), ("Nothing happens.", "go to desk 1"), ("Nothing happens.", "look")], won=False)
+    won = _episode([("start", "go to bed 1"), ("You arrive at bed 1.", "take book 1 from bed 1")], won=True)
+    advantages = demo_failures.mc_advantages([lost, won], gamma=0.5)
+    returns = [0.0, 0.0, 0.0, 0.5, 1.0]
+    mean, std = sum(returns) / 5, statistics.stdev(returns)
+    assert [a for row in advantages for a in row] == pytest.approx([(g - mean) / std for g in returns])
+    kinds = demo_failures.advantage_by_kind([lost, won], gamma=0.5)
+    assert kinds["rejected (lost)"]["n"] == 2 and kinds["rejected (lost)"]["mean"] < 0
+    assert kinds["accepted (won)"]["n"] == 2 and kinds["accepted (won)"]["mean"] > 0
