@@ -32,3 +32,25 @@ def percentile(values: Sequence[float], q: float) -> float:
         raise ValueError("no samples")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(len(ordered) * q / 100) - 1))]
+
+
+def add_demo_config_args(parser, default_config: str) -> None:
+    """The options every benchmark that works from the demo's settings takes: preset, threads, overrides."""
+    parser.add_argument("--config", default=default_config)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (OMP_WAIT_POLICY=PASSIVE is set)")
+    parser.add_argument("overrides", nargs="*", help="DemoConfig key=value overrides")
+
+
+def load_demo_config(parser, args, extra_overrides: Sequence[str] = ()):
+    """Fix torch's threads, then load the DemoConfig; a bad override is a usage error, not a traceback."""
+    import torch
+
+    from trainer_client import configuration
+    from trainer_client.demo import DemoConfig
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    torch.set_num_threads(args.threads)
+    try:
+        return configuration.load(DemoConfig, args.config, [*args.overrides, *extra_overrides])
+    except configuration.ConfigError as error:
+        parser.error(str(error))

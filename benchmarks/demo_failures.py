@@ -15,21 +15,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
-import os
 import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-
-from trainer_client import configuration
-from trainer_client.demo import DemoConfig, demo_env_server
+from benchlib import add_demo_config_args, load_demo_config
+from trainer_client.demo import DemoConfig, demo_env_server, held_out
 from trainer_client.env_pool import EnvPool
-from trainer_client.evaluate import EvalResult, evaluate
-from trainer_client.policy import Policy, TransformersBackend
+from trainer_client.evaluate import EvalResult
 from trainer_client.rollout import EpisodeRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,13 +70,10 @@ def advantage_by_kind(episodes: Sequence[EpisodeRecord], gamma: float) -> dict[s
 
 
 async def play(cfg: DemoConfig, checkpoint: Path, split: str, episodes: int, temperature: float) -> EvalResult:
-    """The held-out evaluation's own path (trainer_client.evaluate), at `temperature`."""
+    """The demo's held-out evaluation, on the first `episodes` games of `split`, at `temperature`."""
     async with demo_env_server(cfg) as address, EnvPool([address]) as pool:
         ids = sorted(await pool.list_tasks(cfg.env, split))[:episodes]
-        policy = Policy.load(checkpoint)
-        return await evaluate(pool, TransformersBackend.from_policy(policy), policy.tokenizer, cfg.env, split, ids,
-                              dataclasses.replace(cfg.rl.rollout, temperature=temperature), cfg.rl.prompt,
-                              seed=cfg.seed)
+        return await held_out(pool, cfg, ids, checkpoint, temperature, split)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,16 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=60)
     parser.add_argument("--temperature", type=float, default=0.4)
     parser.add_argument("--returns", action="store_true", help="also sum MC advantages per kind of action")
-    parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (OMP_WAIT_POLICY=PASSIVE is set)")
-    parser.add_argument("overrides", nargs="*", help="DemoConfig key=value overrides")
+    add_demo_config_args(parser, str(ROOT / "configs" / "demo.yaml"))
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    torch.set_num_threads(args.threads)
-    try:
-        cfg = configuration.load(DemoConfig, args.config, args.overrides)
-    except configuration.ConfigError as error:
-        parser.error(str(error))
+    cfg = load_demo_config(parser, args)
     result = asyncio.run(play(cfg, args.checkpoint, args.split or cfg.eval_split, args.episodes, args.temperature))
     records = [e for e in result.episodes if e.ok]
     report: dict = {"checkpoint": str(args.checkpoint), "temperature": args.temperature,

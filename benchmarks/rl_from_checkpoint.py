@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 from rich.console import Console
 
-from trainer_client import configuration
+from benchlib import add_demo_config_args, load_demo_config
 from trainer_client.demo import DemoConfig, demo_env_server, held_out, rl_config
 from trainer_client.env_pool import EnvPool
 from trainer_client.train import train
@@ -50,18 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="run directory for RL and the results")
     parser.add_argument("--iterations", type=int, required=True)
     parser.add_argument("--save-every", type=int, default=0, help="checkpoint (and evaluate) every N (0: the end)")
-    parser.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (OMP_WAIT_POLICY=PASSIVE is set)")
-    parser.add_argument("overrides", nargs="*", help="DemoConfig key=value overrides")
+    add_demo_config_args(parser, str(ROOT / "configs" / "demo.yaml"))
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    torch.set_num_threads(args.threads)
     every = args.save_every or args.iterations
-    try:
-        cfg = configuration.load(DemoConfig, args.config, [*args.overrides, f"rl.iterations={args.iterations}",
-                                                           f"rl.save_every={every}"])
-    except configuration.ConfigError as error:
-        parser.error(str(error))
+    cfg = load_demo_config(parser, args, [f"rl.iterations={args.iterations}", f"rl.save_every={every}"])
     asyncio.run(run(cfg, args.sft, args.out))
     return 0
 

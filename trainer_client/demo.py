@@ -99,12 +99,14 @@ def rl_config(cfg: DemoConfig, start: Path, run_dir: Path, address: str) -> Trai
         env=dataclasses.replace(cfg.rl.env, name=cfg.env, train_split=cfg.train_split, servers=(address,)))
 
 
-async def held_out(pool: EnvPool, cfg: DemoConfig, eval_ids: list[str], checkpoint: Path) -> EvalResult:
-    """Success of `checkpoint` on the held-out games, sampled at the anchor's evaluation temperature."""
+async def held_out(pool: EnvPool, cfg: DemoConfig, eval_ids: list[str], checkpoint: Path,
+                   temperature: float = EVAL_TEMPERATURE, split: str = "") -> EvalResult:
+    """Success of `checkpoint` on the held-out games (of `split`, default the eval split), sampled at the
+    anchor's evaluation temperature unless told otherwise."""
     policy = Policy.load(checkpoint)
-    rollout = dataclasses.replace(cfg.rl.rollout, temperature=EVAL_TEMPERATURE)
-    return await evaluate(pool, TransformersBackend.from_policy(policy), policy.tokenizer, cfg.env, cfg.eval_split,
-                          eval_ids, rollout, cfg.rl.prompt, seed=cfg.seed)
+    rollout = dataclasses.replace(cfg.rl.rollout, temperature=temperature)
+    return await evaluate(pool, TransformersBackend.from_policy(policy), policy.tokenizer, cfg.env,
+                          split or cfg.eval_split, eval_ids, rollout, cfg.rl.prompt, seed=cfg.seed)
 
 
 def counts(result: EvalResult) -> str:
