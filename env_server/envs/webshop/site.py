@@ -31,7 +31,11 @@ from env_server.envs.webshop.pages import (
 )
 from env_server.envs.webshop.world import World, WorldConfig, load_world
 
-FIXED_SESSION = re.compile(r"fixed_(\d+)")
+# ASCII digits only: `\d` and str.isdigit() also take "٣" or "²", which int() reads differently or refuses.
+FIXED_SESSION = re.compile(r"fixed_([0-9]+)")
+PAGE_NUMBER = re.compile(r"[1-9][0-9]{0,8}")
+# Options are one flat JSON object of option name -> value; a product has a handful, each a few words.
+MAX_OPTIONS_CHARS = 4096
 
 # Every text node of these templates is a node of the matching page model (pages.py), in order;
 # whitespace between tags always holds a newline, so it never becomes a node of its own.
@@ -205,21 +209,29 @@ def session_goal(world: World, sid: str) -> Goal:
     weight, seeded by the id so that a reload keeps it."""
     fixed = FIXED_SESSION.match(sid)
     if fixed:
-        index = int(fixed.group(1))
-        if index >= len(world.goals):
-            abort(404, f"no goal {index}; there are {len(world.goals)}")
-        return world.goals[index]
+        digits = fixed.group(1)
+        # The length check comes first: int() refuses over 4,300 digits, and the reason must stay short.
+        if len(digits) > len(str(len(world.goals))) or int(digits) >= len(world.goals):
+            abort(404, f"no goal {_clip(digits)}; there are {len(world.goals)}")
+        return world.goals[int(digits)]
     return random.Random(sid).choices(world.goals, weights=[g.weight for g in world.goals])[0]
 
 
 def parse_options(text: str) -> dict[str, str]:
+    if len(text) > MAX_OPTIONS_CHARS:
+        abort(400, f"options must be a JSON object of at most {MAX_OPTIONS_CHARS} characters")
     try:
         options = json.loads(text or "{}")
-    except json.JSONDecodeError:
+    # JSONDecodeError is a ValueError, as is a number past int()'s digit limit; deep nesting recurses.
+    except (ValueError, RecursionError):
         abort(400, "options must be a JSON object")
     if not isinstance(options, dict) or not all(isinstance(v, str) for v in options.values()):
         abort(400, "options must be a JSON object of strings")
     return options
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def create_app(world: World, show_images: bool = False) -> Flask:
@@ -235,13 +247,13 @@ def create_app(world: World, show_images: bool = False) -> Flask:
     def navigation() -> tuple[tuple[str, ...], int, str]:
         query = request.args.get("q", "")
         page = request.args.get("page", "1")
-        if not page.isdigit() or int(page) < 1:
-            abort(400, "page must be a positive integer")
+        if not PAGE_NUMBER.fullmatch(page):
+            abort(400, "page must be a positive integer of at most 9 digits")
         return search_keywords(query), int(page), query
 
     def product_or_404(asin: str):
         if asin not in world.catalog.by_asin:
-            abort(404, f"no product {asin}")
+            abort(404, f"no product {_clip(asin)}")
         return world.product(asin)
 
     @app.route("/")
@@ -281,7 +293,7 @@ def create_app(world: World, show_images: bool = False) -> Flask:
     def sub_page(sid: str, asin: str, sub: str):
         goal = session_goal(world, sid)
         if sub not in SUB_PAGES:
-            abort(404, f"no sub-page {sub}; there are {SUB_PAGES}")
+            abort(404, f"no sub-page {_clip(sub)}; there are {', '.join(SUB_PAGES)}")
         keywords, page_number, query = navigation()
         options = parse_options(request.args.get("options", "{}"))
         page = SubPage(goal.instruction_text, product_or_404(asin), keywords, page_number, options, sub)
