@@ -8,6 +8,8 @@ TOOLS := .cache/tools
 TOOLS_STAMP := $(TOOLS)/.installed
 export OMP_WAIT_POLICY ?= PASSIVE
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# Builds that shell out to `python` (fast-downward's build.py) must find the venv's, not a pyenv shim or none.
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
 # The real data, where this machine has it (tests skip with a reason when it is absent).
 SHARED_DATA := $(abspath ../shared/data)
 export ALFWORLD_DATA ?= $(if $(wildcard $(SHARED_DATA)/alfworld/json_2.1.1),$(SHARED_DATA)/alfworld)

@@ -65,10 +65,12 @@ def read(samples: Sequence[TurnSample], forward: Callable[[TokenBatch], dict[str
     return stitched
 
 
-def policy_readout(policy, samples: Sequence[TurnSample], micro_batch_tokens: int) -> Readout:
-    """Old log-probs, entropies, V and Q from the policy, in one pass (no separate value model)."""
+def policy_readout(policy, samples: Sequence[TurnSample], micro_batch_tokens: int,
+                   temperature: float = 1.0) -> Readout:
+    """Old log-probs (at `temperature`), entropies, V and Q from the policy, in one pass (no separate
+    value model)."""
     def forward(batch: TokenBatch) -> dict[str, Tensor]:
-        out = policy(batch)
+        out = policy(batch, temperature)
         return {"log_probs": out.log_probs, "entropy": out.entropy, "response_mask": out.response_mask,
                 "values": out.values, "q_values": out.q_values}
 

@@ -30,7 +30,7 @@ class UpdateTargets:
     old_values: Tensor | None        # [N] boundary V, when the policy learns values
     old_q_values: Tensor | None      # [N] boundary Q
     returns: Tensor | None           # [N] target of V
-    q_returns: Tensor | None         # [N] target of Q
+    q_returns: Tensor | None         # [N] target of Q, when the advantage reads Q (else Q is not trained)
 
 
 def mini_batches(n: int, size: int, generator: torch.Generator | None = None) -> list[Tensor]:
@@ -51,21 +51,42 @@ def _accumulate(metrics: dict[str, list[float]], name: str, value: Tensor | floa
         metrics[name].append(float(value))
 
 
+def gradient_sources(losses: dict[str, Tensor], parameters: Sequence[Tensor]) -> dict[str, float]:
+    """Norm of the gradient each loss alone sends into `parameters` (graphs kept for the real backward)."""
+    norms = {}
+    for name, loss in losses.items():
+        grads = torch.autograd.grad(loss, parameters, retain_graph=True, allow_unused=True)
+        norms[name] = float(torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(g) for g in grads if g is not None] or [torch.zeros(())])))
+    return norms
+
+
 def ppo_policy_update(policy, optimizer: torch.optim.Optimizer, samples: Sequence[TurnSample],
                       targets: UpdateTargets, loss_cfg: LossConfig, *, epochs: int, mini_batch_turns: int,
-                      micro_batch_tokens: int, grad_clip: float, pad_id: int) -> dict[str, float]:
-    """The actor's PPO epochs; with the boundary readout, V and Q learn in the same backward pass."""
+                      micro_batch_tokens: int, grad_clip: float, pad_id: int, value_grad_clip: float = 1.0,
+                      temperature: float = 1.0, measure_gradient_sources: bool = False) -> dict[str, float]:
+    """The actor's PPO epochs; with the boundary readout, V (and Q, when the advantage reads it) learn in
+    the same backward pass.
+
+    The backbone and the two value rows are clipped apart: one joint clip would let the value error,
+    whose gradient dwarfs the policy's at the start, shrink the policy step by a varying factor. With
+    `measure_gradient_sources`, the first micro-batch also logs the norm of the backbone gradient that
+    the policy loss and the value loss each send (two extra backward passes over it).
+    """
     learn_values = targets.returns is not None
+    learn_q = learn_values and targets.q_returns is not None
+    backbone = [p for p in policy.model.parameters() if p.requires_grad]
     metrics: dict[str, list[float]] = defaultdict(list)
     policy.train()
-    for _ in range(epochs):
-        for mini in mini_batches(len(samples), mini_batch_turns):
+    for epoch in range(epochs):
+        for mini_index, mini in enumerate(mini_batches(len(samples), mini_batch_turns)):
             optimizer.zero_grad(set_to_none=True)
             lengths = [len(samples[i]) for i in mini.tolist()]
             total = 0.0
-            for group, share in rank_share(micro_batches(lengths, micro_batch_tokens)):
+            for micro_index, (group, share) in enumerate(rank_share(micro_batches(lengths, micro_batch_tokens))):
                 idx = mini[group]
-                out = policy(TokenBatch.from_samples([samples[i] for i in idx.tolist()], pad_id))
+                out = policy(TokenBatch.from_samples([samples[i] for i in idx.tolist()], pad_id), temperature,
+                             detach_readout=not loss_cfg.value_backbone_grad)
                 width = out.log_probs.shape[1]
                 mask = targets.response_mask[idx, :width].to(out.log_probs.device)
                 take = lambda x: None if x is None else x[idx, :width].to(out.log_probs.device)  # noqa: E731
@@ -77,14 +98,20 @@ def ppo_policy_update(policy, optimizer: torch.optim.Optimizer, samples: Sequenc
                     v_loss = value_loss(out.values.cpu(), targets.old_values[idx], targets.returns[idx], turns,
                                         loss_cfg.value_clip)
                     q_loss = value_loss(out.q_values.cpu(), targets.old_q_values[idx], targets.q_returns[idx],
-                                        turns, loss_cfg.value_clip)
-                    loss = loss + loss_cfg.value_coef * (v_loss + q_loss) * (len(idx) / len(mini))
+                                        turns, loss_cfg.value_clip) if learn_q else None
+                    values_part = loss_cfg.value_coef * (v_loss + (q_loss if learn_q else 0.0)) * (len(idx) / len(mini))
+                    if measure_gradient_sources and epoch == mini_index == micro_index == 0 and share:
+                        for name, norm in gradient_sources({"policy_loss": loss, "value_loss": values_part},
+                                                           backbone).items():
+                            _accumulate(metrics, f"grad/backbone_from_{name}", norm)
+                    loss = loss + values_part
                 (loss * share).backward()
                 if share == 0:  # a padding pass: keeps the ranks' FSDP collectives in step, counts for nothing
                     continue
                 total += float(loss.detach()) * share
                 if learn_values:
                     _accumulate(metrics, "loss/value", v_loss.detach())
+                if learn_q:
                     _accumulate(metrics, "loss/q_value", q_loss.detach())
                 _accumulate(metrics, "loss/policy", actor.pg_loss)
                 _accumulate(metrics, "loss/kl", actor.kl)
@@ -92,7 +119,10 @@ def ppo_policy_update(policy, optimizer: torch.optim.Optimizer, samples: Sequenc
                 _accumulate(metrics, "policy/clip_fraction", actor.clip_fraction)
                 _accumulate(metrics, "policy/approx_kl", actor.approx_kl)
             _accumulate(metrics, "loss/total", total)  # the mini-batch's loss (summed over ranks: see mean_metrics)
-            _accumulate(metrics, "policy/grad_norm", torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip))
+            _accumulate(metrics, "policy/grad_norm", torch.nn.utils.clip_grad_norm_(backbone, grad_clip))
+            if learn_values:
+                _accumulate(metrics, "values/grad_norm", torch.nn.utils.clip_grad_norm_([policy.value_rows],
+                                                                                         value_grad_clip))
             optimizer.step()
     return mean_metrics({k: sum(v) / len(v) for k, v in metrics.items()})
 

@@ -204,7 +204,10 @@ def test_boundary_returns_lambda_returns_of_penalized_rewards_and_normalized_adv
     result = ADVANTAGE_ESTIMATORS["boundary"](batch, AdvantageConfig(gamma=1.0, lam=1.0))
     expected_returns = T([[0.99, 0.99, 1.0], [0.0, 0.0, 0.0]])
     torch.testing.assert_close(result.returns, expected_returns)
-    torch.testing.assert_close(result.q_returns, expected_returns)
+    assert result.q_returns is None  # gae_v reads no Q, so Q gets no target and is not trained
+    two_boundary = ADVANTAGE_ESTIMATORS["boundary"](batch, AdvantageConfig(gamma=1.0, lam=1.0,
+                                                                           adv_mode="two_boundary"))
+    torch.testing.assert_close(two_boundary.q_returns, expected_returns)
     raw = T([[0.49, 0.49, 0.5], [-0.5, -0.5, 0.0]])
     expected = batch_normalize(raw, batch.mask)
     torch.testing.assert_close(result.advantages, torch.where(batch.token_mask, expected.unsqueeze(-1), 0.0))
@@ -473,3 +476,30 @@ def test_config_rejects_unknown_choices_and_out_of_range_values():
         AdvantageConfig(adv_mode="q_only")
     with pytest.raises(ValueError, match="gamma must be in"):
         AdvantageConfig(gamma=1.5)
+
+
+def test_std_floor_keeps_value_noise_small_when_no_episode_scored():
+    """All returns 0: the boundary advantages are value noise. z-scoring alone makes that noise unit-sized;
+    the floor divides by max(std, floor) instead, so the policy step stays as small as the noise."""
+    noise = [[0.01, -0.02, 0.015], [0.005, -0.01]]
+    batch = make_batch([[0.0, 0.0, 0.0], [0.0, 0.0]], values=noise, q_values=[[0.0] * 3, [0.0] * 2])
+    plain = ADVANTAGE_ESTIMATORS["boundary"](batch, AdvantageConfig(gamma=1.0, lam=1.0))
+    assert float(plain.advantages[batch.token_mask].std()) == pytest.approx(1.0, rel=0.3)
+    floored = ADVANTAGE_ESTIMATORS["boundary"](batch, AdvantageConfig(gamma=1.0, lam=1.0, norm_std_floor=0.1))
+    raw = T([[-0.01, 0.02, -0.015], [-0.005, 0.01, 0.0]])  # GAE with gamma = lam = 1: -V_t + r, terminal 0
+    mean = raw[batch.mask].mean()
+    expected = torch.where(batch.mask, (raw - mean) / 0.1, 0.0)
+    torch.testing.assert_close(floored.advantages[..., 0], expected)
+    assert float(floored.raw_std) == pytest.approx(float(raw[batch.mask].std()))
+    # With a real signal (one win) the std is above the floor, and the floor changes nothing.
+    won = make_batch([[0.0, 0.0, 1.0], [0.0, 0.0]], values=noise, q_values=[[0.0] * 3, [0.0] * 2])
+    torch.testing.assert_close(
+        ADVANTAGE_ESTIMATORS["boundary"](won, AdvantageConfig(gamma=1.0, lam=1.0, norm_std_floor=0.1)).advantages,
+        ADVANTAGE_ESTIMATORS["boundary"](won, AdvantageConfig(gamma=1.0, lam=1.0)).advantages)
+
+
+def test_batch_normalize_std_floor():
+    x, mask = T([[0.0, 0.02], [0.01, 0.0]]), torch.tensor([[True, True], [True, False]])
+    torch.testing.assert_close(batch_normalize(x, mask, std_floor=0.5),
+                               torch.where(mask, (x - 0.01) / (0.5 + 1e-8), 0.0))
+    torch.testing.assert_close(batch_normalize(x, mask, std_floor=0.001), batch_normalize(x, mask))

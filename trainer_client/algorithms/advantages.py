@@ -106,17 +106,17 @@ def two_boundary_gae(rewards: Tensor, values: Tensor, q_values: Tensor, mask: Te
     return _reverse_discounted_sum(action_deltas + lam_a * env_deltas, mask, lam_a * gamma * lam)
 
 
-def batch_normalize(advantages: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+def batch_normalize(advantages: Tensor, mask: Tensor, eps: float = 1e-8, std_floor: float = 0.0) -> Tensor:
     """z-score over all real turns of the batch, each turn counted once.
 
     Any shape works: given per-token advantages [B, T, L] and the token mask, each token counts once
     instead (verl's masked_whiten, which puts eps inside the square root; the difference is below 1e-7).
-    Unbiased std, as torch.std. Zero where mask is False.
+    Unbiased std, as torch.std, held at `std_floor` or above. Zero where mask is False.
     """
     if advantages.shape != mask.shape:
         raise ValueError(f"advantages {list(advantages.shape)} and mask {list(mask.shape)} must match")
     mean, std = _masked_mean_std(advantages, mask)
-    return torch.where(mask, (advantages - mean) / (std + eps), 0.0)
+    return torch.where(mask, (advantages - mean) / (std.clamp(min=std_floor) + eps), 0.0)
 
 
 def _check_turn_inputs(rewards: Tensor, values: Tensor, mask: Tensor, terminated: Tensor,
@@ -148,15 +148,16 @@ def _broadcast(turn_values: Tensor, batch: TurnBatch) -> Tensor:
 
 
 def _normalize_turns(turn_advantages: Tensor, batch: TurnBatch, weight: Normalization, eps: float,
-                     divide_by_std: bool = True) -> Tensor:
-    """[B, T] -> [B, T, L] centred (and scaled) over the batch, each turn weighted once or per token."""
+                     divide_by_std: bool = True, std_floor: float = 0.0) -> tuple[Tensor, Tensor]:
+    """[B, T] -> ([B, T, L] centred (and scaled) over the batch, each turn weighted once or per token;
+    the batch std before the floor)."""
     token_advantages = _broadcast(turn_advantages, batch)
     if weight == "turn":
         mean, std = _masked_mean_std(turn_advantages, batch.mask)
     else:
         mean, std = _masked_mean_std(token_advantages, batch.token_mask)
-    scale = std + eps if divide_by_std else 1.0
-    return torch.where(batch.token_mask, (token_advantages - mean) / scale, 0.0)
+    scale = std.clamp(min=std_floor) + eps if divide_by_std else 1.0
+    return torch.where(batch.token_mask, (token_advantages - mean) / scale, 0.0), std
 
 
 def _truncation_inputs(batch: TurnBatch, cfg: AdvantageConfig) -> tuple[Tensor, Tensor | None]:
@@ -255,9 +256,11 @@ def boundary(batch: TurnBatch, cfg: AdvantageConfig) -> Advantages:
     """Ours: turn-level credit over the policy's own boundary values, normalized over the whole batch.
 
     Reward r_t = env reward - format penalty. The advantage is per cfg.adv_mode (turn GAE over V, Q - V, or
-    the two-boundary chain), then z-scored over all real turns of the batch (cfg.normalize_by) and
-    broadcast to the turn's tokens. returns = lambda-returns [B, T], the target of V; q_returns, the target
-    of Q, are the same lambda-returns or, with q_target="one_step", r_t + gamma * V(s_{t+1}).
+    the two-boundary chain), then z-scored over all real turns of the batch (cfg.normalize_by, the std held
+    at cfg.norm_std_floor or above) and broadcast to the turn's tokens. returns = lambda-returns [B, T], the
+    target of V; q_returns, the target of Q, are the same lambda-returns or, with q_target="one_step",
+    r_t + gamma * V(s_{t+1}). With adv_mode="gae_v" nothing reads Q, so q_returns is None and Q is not
+    trained: a target nobody uses would only move the shared backbone.
     """
     rewards = batch.rewards - batch.penalties
     terminated, last_values = _truncation_inputs(batch, cfg)
@@ -268,13 +271,16 @@ def boundary(batch: TurnBatch, cfg: AdvantageConfig) -> Advantages:
         lam_a = cfg.lam_a if cfg.adv_mode == "two_boundary" else 0.0
         turn_advantages = two_boundary_gae(rewards, batch.values, batch.q_values, batch.mask, terminated,
                                            last_values, cfg.gamma, cfg.lam, lam_a)
-    if cfg.q_target == "lambda_return":
+    if cfg.adv_mode == "gae_v":
+        q_returns = None
+    elif cfg.q_target == "lambda_return":
         q_returns = returns
     else:
         next_values = _next_values(batch.values, batch.mask, _bootstrap(terminated, last_values))
         q_returns = torch.where(batch.mask, rewards + cfg.gamma * next_values, 0.0)
-    advantages = _normalize_turns(turn_advantages, batch, cfg.normalize_by, cfg.norm_eps)
-    return Advantages(advantages, returns=returns, q_returns=q_returns)
+    advantages, raw_std = _normalize_turns(turn_advantages, batch, cfg.normalize_by, cfg.norm_eps,
+                                           std_floor=cfg.norm_std_floor)
+    return Advantages(advantages, returns=returns, q_returns=q_returns, raw_std=raw_std)
 
 
 def ppo_critic(batch: TurnBatch, cfg: AdvantageConfig) -> Advantages:
@@ -289,7 +295,7 @@ def ppo_critic(batch: TurnBatch, cfg: AdvantageConfig) -> Advantages:
     if cfg.ppo_critic_form == "turn":
         # The critic has no Q, so only the boundary estimator's V path applies.
         over_turns = boundary(batch, dataclasses.replace(cfg, adv_mode="gae_v", q_target="lambda_return"))
-        return Advantages(over_turns.advantages, returns=over_turns.returns)
+        return Advantages(over_turns.advantages, returns=over_turns.returns, raw_std=over_turns.raw_std)
     num_tokens = batch.token_mask.shape[-1]
     token_mask = batch.token_mask.reshape(-1, num_tokens)  # every turn is its own sequence
     turn_scores = batch.episode_rewards.unsqueeze(-1) - batch.penalties
@@ -360,8 +366,10 @@ def empg(batch: TurnBatch, cfg: AdvantageConfig) -> Advantages:
     """
     base = _grpo_turn_advantages(batch, cfg, cfg.grpo_norm_by_std)
     modulated = entropy_modulate(base, batch.entropy, batch.mask, cfg.empg_k, cfg.empg_k_f, cfg.empg_zeta)
-    return Advantages(_normalize_turns(modulated, batch, cfg.normalize_by, cfg.norm_eps,
-                                       divide_by_std=cfg.empg_final_norm == "mean_std"))
+    advantages, raw_std = _normalize_turns(modulated, batch, cfg.normalize_by, cfg.norm_eps,
+                                           divide_by_std=cfg.empg_final_norm == "mean_std",
+                                           std_floor=cfg.norm_std_floor)
+    return Advantages(advantages, raw_std=raw_std)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -108,7 +108,8 @@ class Advantages:
     # separate critic `turn` form) or [B, T, L] for the separate critic's token values (`verl` form);
     # None for critic-free estimators.
     returns: Tensor | None = None
-    q_returns: Tensor | None = None  # [B, T] targets for Q(s_t, a_t); boundary estimator only
+    q_returns: Tensor | None = None  # [B, T] targets for Q(s_t, a_t); boundary estimator when it reads Q
+    raw_std: Tensor | None = None  # scalar: the batch std the normalization divided by, before its floor
 
 
 def pad_turns(per_episode: Sequence[Sequence[float]], fill: float = 0.0,

@@ -80,6 +80,10 @@ class AdvantageConfig:
     token_gamma: float = 1.0  # verl form: verl's algorithm.gamma, left at 1.0 by verl-agent's PPO scripts
     token_lam: float = 1.0  # verl form: verl's algorithm.lam
     norm_eps: float = 1e-8
+    # Batch normalization divides by max(std, norm_std_floor): a batch whose episodes all scored the same
+    # has advantages made of value noise alone, and z-scoring would blow that noise up to unit size. With
+    # the floor, such a batch steps the policy by noise / floor instead (0 disables the floor).
+    norm_std_floor: float = 0.0
 
     def __post_init__(self) -> None:
         _check_literals(self)
@@ -87,7 +91,8 @@ class AdvantageConfig:
             _check_range(name, getattr(self, name), 0.0, 1.0)
         if not 0.0 < self.anchor_similarity <= 1.0:
             raise ValueError(f"anchor_similarity must be in (0, 1], got {self.anchor_similarity}")
-        for name in ("empg_k", "empg_k_f", "empg_zeta", "gigpo_step_weight", "grpo_eps", "norm_eps"):
+        for name in ("empg_k", "empg_k_f", "empg_zeta", "gigpo_step_weight", "grpo_eps", "norm_eps",
+                     "norm_std_floor"):
             _check_range(name, getattr(self, name), 0.0, float("inf"))
 
 
@@ -102,10 +107,14 @@ class LossConfig:
     kl_coef: float = 0.01  # 0 disables the KL term (and the reference forward pass)
     kl_kind: KlKind = "low_var_kl"
     entropy_coef: float = 0.001  # 0 disables the entropy bonus
-    value_coef: float = 0.5  # shared backbone: total = actor + value_coef * (L_V + L_Q)
-    # PPO value clipping around the old prediction; verl-agent's critic uses 0.5 on its 10-point reward
-    # scale, i.e. 0.05 on ours. None disables it.
-    value_clip: float | None = None
+    # Shared backbone: total = actor + value_coef * (L_V + L_Q), L_Q only where the advantage reads Q.
+    value_coef: float = 0.5
+    # True: the value loss trains the backbone too (a shared representation). False: the readout sees
+    # detached hidden states, so only the two value rows learn from it (the shared-readout-only ablation).
+    value_backbone_grad: bool = True
+    # PPO value clipping around the old prediction, for the separate critic and the boundary readout alike;
+    # verl-agent's critic uses 0.5 on its 10-point reward scale, i.e. 0.05 on ours. None disables it.
+    value_clip: float | None = 0.05
 
     def __post_init__(self) -> None:
         _check_literals(self)

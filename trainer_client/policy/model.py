@@ -148,11 +148,12 @@ class Policy(nn.Module):
             {"name": "value_rows", "params": [self.value_rows], "lr": value_lr, "weight_decay": 0.0},
         ]
 
-    def forward(self, batch: TokenBatch, temperature: float = 1.0) -> PolicyOutput:
+    def forward(self, batch: TokenBatch, temperature: float = 1.0, detach_readout: bool = False) -> PolicyOutput:
         """One forward over a micro-batch: log-probs and entropy of the responses, V and Q.
 
         The output layer is applied only at the positions that predict response tokens, and only
-        over the policy's ids; the readout touches only the two value rows, in fp32.
+        over the policy's ids; the readout touches only the two value rows, in fp32. With
+        `detach_readout`, V and Q see the hidden states as constants: a value loss trains the rows only.
         """
         batch = batch.to(self.device)
         mask = batch.response_mask                                     # [N, L]
@@ -167,6 +168,8 @@ class Policy(nn.Module):
         token_log_probs = log_probs.gather(-1, targets[:, None]).squeeze(-1)
         boundaries = torch.stack([batch.v_positions, batch.q_positions], dim=1)
         boundary_hidden = gather_positions(hidden, boundaries).float()                   # [N, 2, H]
+        if detach_readout:
+            boundary_hidden = boundary_hidden.detach()
         readout = (boundary_hidden * self.value_rows).sum(-1)                            # [N, 2]
         zeros = torch.zeros(mask.shape, device=self.device)
         return PolicyOutput(
