@@ -58,6 +58,13 @@ class CategoryResult:
 
 
 @dataclass(frozen=True)
+class EpisodeOutcome:
+    won: bool
+    score: float
+    category: str
+
+
+@dataclass(frozen=True)
 class EvalResult:
     env: str
     split: str
@@ -80,12 +87,20 @@ class EvalResult:
         total = self.total
         return 100.0 * total.score_sum / total.episodes if total.episodes else float("nan")
 
+    @property
+    def outcomes(self) -> dict[tuple[str, int], EpisodeOutcome]:
+        """Each finished episode's outcome keyed by (task id, env/eval seed): what paired comparisons use."""
+        return {(r.task.task_id, r.task.seed): EpisodeOutcome(r.won, r.score, r.category or "all")
+                for r in self.episodes if r.ok}
+
     def as_dict(self) -> dict:
         return {
             "env": self.env, "split": self.split, "episodes": self.total.episodes, "success": self.success,
             "score": self.score, "dropped": self.dropped,
             "by_category": {k: {"episodes": c.episodes, "won": c.won, "success": c.success}
                             for k, c in sorted(self.by_category.items())},
+            "outcomes": [{"task_id": task_id, "seed": seed, "won": o.won, "score": o.score, "category": o.category}
+                         for (task_id, seed), o in sorted(self.outcomes.items())],
         }
 
 
@@ -101,9 +116,11 @@ def summarize(env: str, split: str, records: Sequence[EpisodeRecord]) -> EvalRes
 
 async def evaluate(pool: EnvPool, backend: GenerationBackend, tokenizer, env: str, split: str,
                    task_ids: Sequence[str], rollout: RolloutConfig, prompts: PromptConfig, seed: int = 0) -> EvalResult:
-    """Play every task once (env seed `seed`) and count wins per category; dropped episodes are not counted."""
+    """Play every task once (env seed and sampling seed `seed`) and count wins per category; dropped episodes
+    are not counted. Each episode samples from its own seeds (rollout.episode_seeds: eval seed and task), so
+    the result is a function of the weights, the tasks and the seed, not of batching or concurrency."""
     tasks = [TaskRef(env, split, task_id, seed=seed, group_id=i) for i, task_id in enumerate(task_ids)]
-    records, _ = await collect(pool, backend, tokenizer, tasks, rollout, prompts)
+    records, _ = await collect(pool, backend, tokenizer, tasks, rollout, prompts, seed=seed)
     return summarize(env, split, records)
 
 

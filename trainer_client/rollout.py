@@ -5,18 +5,23 @@ backend in a worker thread), so env time of one episode overlaps generation of t
 recorded with its exact token ids, which is all the trainer needs for boundary positions (the last
 prompt token and the last response token). An episode whose infrastructure failed is never scored 0:
 it is dropped and counted (the pool has already tried to replay it elsewhere).
+
+Every generation request carries its own seed, derived from (rollout seed, task, env seed, the episode's
+occurrence of that task, turn), so an episode samples the same tokens whichever episodes share its batches
+and whenever they ask: the outcome of an episode is a function of the weights, the task and the seeds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trainer_client.env_pool import EnvPool
 from trainer_client.env_types import EnvPoolError, Transition
-from trainer_client.policy.generation import Completion, GenerationBackend, SamplingConfig
+from trainer_client.policy.generation import Completion, GenerationBackend, SamplingConfig, derive_seed
 from trainer_client.prompts import PastTurn, PromptConfig, build_prompt, format_penalty, parse_action
 
 
@@ -80,7 +85,8 @@ class RolloutConfig:
     max_concurrent_episodes: int = 256
     max_batch: int = 256              # prompts per generation call
     # How long a partial batch waits for more episodes to ask. 0 or less: wait for every live episode
-    # (lock-step batches, so a seeded run samples exactly the same tokens again, e.g. after --resume).
+    # (lock-step batches). Sampling is seeded per request either way; lock-step batches also repeat the
+    # batch shapes, hence the float rounding of the batched forward (see policy/generation.py).
     batch_wait_s: float = 0.02
 
 
@@ -109,14 +115,14 @@ class GenerationBatcher:
 
     A batch starts once every live episode is waiting for the policy, or `wait_s` after the first
     request, whichever comes first: lock-step batches when envs are fast, overlap when they are slow.
-    A batch is ordered by episode index, so with `wait_s <= 0` (always wait for everyone) the backend
-    sees the same batches, and draws the same random numbers, run after run.
+    A batch is ordered by episode index; each request brings its own seed, so what it samples does not
+    depend on the batch it lands in (up to float rounding of the batched forward).
     """
 
     def __init__(self, backend: GenerationBackend, sampling: SamplingConfig, max_batch: int, wait_s: float) -> None:
         self.backend, self.sampling, self.max_batch, self.wait_s = backend, sampling, max_batch, wait_s
         self.times = RolloutTimes()
-        self._pending: list[tuple[int, tuple[int, ...], asyncio.Future[Completion]]] = []
+        self._pending: list[tuple[int, tuple[int, ...], int, asyncio.Future[Completion]]] = []
         self._live = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -137,9 +143,9 @@ class GenerationBatcher:
         self._live -= 1
         self._wake.set()
 
-    async def generate(self, episode_index: int, prompt_ids: tuple[int, ...]) -> Completion:
+    async def generate(self, episode_index: int, prompt_ids: tuple[int, ...], seed: int) -> Completion:
         future = asyncio.get_running_loop().create_future()
-        self._pending.append((episode_index, prompt_ids, future))
+        self._pending.append((episode_index, prompt_ids, seed, future))
         self._wake.set()
         return await future
 
@@ -166,27 +172,31 @@ class GenerationBatcher:
                 self._wake.set()
             await self._generate(batch)
 
-    async def _generate(self, batch: list[tuple[int, tuple[int, ...], asyncio.Future[Completion]]]) -> None:
+    async def _generate(self, batch: list[tuple[int, tuple[int, ...], int, asyncio.Future[Completion]]]) -> None:
         started = time.perf_counter()
         try:
-            completions = await asyncio.to_thread(self.backend.generate, [p for _, p, _ in batch], self.sampling)
+            completions = await asyncio.to_thread(self.backend.generate, [p for _, p, _, _ in batch], self.sampling,
+                                                  seeds=[seed for _, _, seed, _ in batch])
         except Exception as error:  # the backend failed: every waiting episode learns why
-            for _, _, future in batch:
+            for _, _, _, future in batch:
                 if not future.done():
                     future.set_exception(error)
             return
         finally:
             self.times.generation_s += time.perf_counter() - started
             self.times.generation_calls += 1
-        for (_, _, future), completion in zip(batch, completions):
+        for (_, _, _, future), completion in zip(batch, completions):
             self.times.generated_tokens += len(completion.token_ids)
             if not future.done():
                 future.set_result(completion)
 
 
 async def play_episode(pool: EnvPool, batcher: GenerationBatcher, tokenizer, task: TaskRef, index: int,
-                       rollout: RolloutConfig, prompts: PromptConfig) -> EpisodeRecord:
-    """Play one episode to its end; an infrastructure failure drops it (recorded, never scored)."""
+                       rollout: RolloutConfig, prompts: PromptConfig, episode_seed: int) -> EpisodeRecord:
+    """Play one episode to its end; an infrastructure failure drops it (recorded, never scored).
+
+    Turn t samples with seed derive_seed(episode_seed, t). A replayed episode (another server) resends its
+    recorded actions, so its later turns keep their numbers and seeds."""
     record = EpisodeRecord(task)
     batcher.episode_started()
     try:
@@ -200,7 +210,7 @@ async def play_episode(pool: EnvPool, batcher: GenerationBatcher, tokenizer, tas
                 user = build_prompt(task.env, transition.instruction, transition.observation,
                                     transition.admissible_actions, history, len(history), prompts)
                 prompt_ids = encode_prompt(tokenizer, user)
-                completion = await batcher.generate(index, prompt_ids)
+                completion = await batcher.generate(index, prompt_ids, derive_seed(episode_seed, len(record.turns)))
                 reply = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
                 parsed = parse_action(reply, prompts)
                 observation = transition.observation
@@ -225,11 +235,26 @@ async def play_episode(pool: EnvPool, batcher: GenerationBatcher, tokenizer, tas
     return record
 
 
+def episode_seeds(tasks: Sequence[TaskRef], seed: int) -> list[int]:
+    """One sampling seed per episode from (seed, env, split, task id, env seed, occurrence): the k-th
+    episode of the same task and env seed (a group's members) gets occurrence k. Neither the episode's
+    place in the list nor the group id enters, so a task plays the same within any subset of tasks."""
+    seen: Counter[tuple] = Counter()
+    seeds = []
+    for task in tasks:
+        key = (task.env, task.split, task.task_id, task.seed)
+        seeds.append(derive_seed("episode", seed, *key, seen[key]))
+        seen[key] += 1
+    return seeds
+
+
 async def collect(pool: EnvPool, backend: GenerationBackend, tokenizer, tasks: Sequence[TaskRef],
-                  rollout: RolloutConfig, prompts: PromptConfig) -> tuple[list[EpisodeRecord], RolloutTimes]:
+                  rollout: RolloutConfig, prompts: PromptConfig,
+                  seed: int = 0) -> tuple[list[EpisodeRecord], RolloutTimes]:
     """Play every task concurrently (up to `max_concurrent_episodes` at once); records in task order.
 
-    Sampling draws from torch's global generator: seed it (the trainer does, per iteration) to repeat a run.
+    `seed` is the rollout's sampling seed (the trainer passes one per iteration, evaluation its eval seed):
+    each episode samples from its own seeds (`episode_seeds`), whatever the batching and concurrency.
     """
     sampling = SamplingConfig(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
                               top_p=rollout.top_p)
@@ -237,10 +262,11 @@ async def collect(pool: EnvPool, backend: GenerationBackend, tokenizer, tasks: S
     started = time.perf_counter()
 
     async with GenerationBatcher(backend, sampling, rollout.max_batch, rollout.batch_wait_s) as batcher:
-        async def bounded(index: int, task: TaskRef) -> EpisodeRecord:
+        async def bounded(index: int, task: TaskRef, episode_seed: int) -> EpisodeRecord:
             async with limit:
-                return await play_episode(pool, batcher, tokenizer, task, index, rollout, prompts)
+                return await play_episode(pool, batcher, tokenizer, task, index, rollout, prompts, episode_seed)
 
-        records = await asyncio.gather(*(bounded(i, t) for i, t in enumerate(tasks)))
+        seeds = episode_seeds(tasks, seed)
+        records = await asyncio.gather(*(bounded(i, t, seeds[i]) for i, t in enumerate(tasks)))
         batcher.times.wall_s = time.perf_counter() - started
         return list(records), batcher.times

@@ -386,7 +386,8 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
 
                 # 1. Rollout: N tasks x group_size episodes over the wire (each rank plays its share).
                 tasks = distributed.local_share(plan_episodes(sampler, cfg, group_size, iteration))
-                records, rollout_times = await collect(pool, backend, policy.tokenizer, tasks, cfg.rollout, cfg.prompt)
+                records, rollout_times = await collect(pool, backend, policy.tokenizer, tasks, cfg.rollout, cfg.prompt,
+                                                       seed=iteration_seed(cfg.seed, iteration) + context.rank)
                 records = distributed.gather_shares(records)
                 timer.add("generation", rollout_times.generation_s)
                 timer.add("env_wait", rollout_times.env_wait_s)

@@ -136,7 +136,8 @@ class ScriptedBackend(GenerationBackend):
     def __init__(self, tokenizer, seed: int = 0, latency_s: float = 0.0) -> None:
         self.tokenizer, self.seed, self.latency_s = tokenizer, seed, latency_s
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                 seeds: Sequence[int] | None = None) -> list[Completion]:
         time.sleep(self.latency_s)
         return [self._reply(prompt) for prompt in prompts]
 

@@ -30,7 +30,8 @@ def test_top_p_keeps_the_smallest_nucleus():
 def test_sample_next_never_returns_an_id_outside_the_policy_vocabulary():
     logits = torch.zeros(4096, 10)
     logits[:, 8:] = 1e4  # the two value ids dominate the raw logits
-    ids, log_probs = sample_next(logits, 8, SamplingConfig(temperature=1.0), torch.Generator().manual_seed(0))
+    uniforms = torch.rand(4096, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    ids, log_probs = sample_next(logits, 8, SamplingConfig(temperature=1.0), uniforms)
     assert int(ids.max()) < 8
     torch.testing.assert_close(log_probs, torch.full((4096,), math.log(1 / 8)))
 

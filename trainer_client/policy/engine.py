@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from trainer_client.policy.batching import TokenBatch, TurnSample
-from trainer_client.policy.generation import Completion, GenerationBackend, SamplingConfig
+from trainer_client.policy.generation import Completion, GenerationBackend, SamplingConfig, row_seeds
 from trainer_client.policy.model import Policy
 
 # Mean |log pi_engine - log pi_trainer| over the probe's sampled tokens that still counts as "the same
@@ -119,17 +119,20 @@ class EngineBackend(GenerationBackend):
         self.weights_dir = Path(sync.weights_dir or self._own_weights_dir)
 
     @abc.abstractmethod
-    def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
-        """The engine's sampling (reserved ids banned, masked log-probs of the sampled tokens)."""
+    def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                  seeds: list[int] | None) -> list[Completion]:
+        """The engine's sampling (reserved ids banned, masked log-probs of the sampled tokens); seeds[i] is
+        prompt i's per-request seed (None: the engine's own randomness)."""
 
     @abc.abstractmethod
     def _load_weights(self, checkpoint_dir: Path) -> None:
         """Load the checkpoint in `checkpoint_dir` into the running engine, in place."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                 seeds: Sequence[int] | None = None) -> list[Completion]:
         if prompts:  # the latest rollout prompts become the next probe: real inputs, of real length
             self._probe_prompts = [tuple(p) for p in prompts[:self.sync.check_prompts]]
-        completions = self._generate(prompts, sampling)
+        completions = self._generate(prompts, sampling, row_seeds(len(prompts), sampling, seeds))
         reserved = sorted({t for c in completions for t in c.token_ids if t >= self.n_policy_tokens})
         if reserved:
             raise ReservedIdSampled(f"the engine sampled reserved ids {reserved[:5]}: it must run with the "

@@ -3,12 +3,19 @@
 `GenerationBackend` is shaped like vLLM's offline engine (token-id prompts in; token ids, sampled
 log-probs and a finish reason out; weights pushed after each update), so a vLLM backend can slot in.
 `TransformersBackend` is the CPU/GPU default: a KV-cached sampling loop over a transformers model.
+
+Seeds are per prompt (`generate(prompts, sampling, seeds)`): row i's random draws come from its own
+generator seeded with seeds[i], so what a prompt samples does not depend on which other prompts share its
+batch. The rollout derives each request's seed from (run or eval seed, task, env seed, turn): see
+`derive_seed`. What can still differ between batches is float rounding of the batched forward (left padding
+changes the shapes the kernels see); tests/unit/test_seeding.py and tests/e2e/test_eval_reproducible.py check that.
 """
 
 from __future__ import annotations
 
 import abc
 import copy
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -33,7 +40,7 @@ class SamplingConfig:
     max_new_tokens: int = 512
     temperature: float = 1.0   # 0: greedy
     top_p: float = 1.0
-    seed: int | None = None    # None: torch's global generator
+    seed: int | None = None    # generate() without seeds: row i uses seed + i; None: torch's global generator
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -58,25 +65,70 @@ class Completion:
     finish_reason: FinishReason
 
 
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from any key (e.g. run seed, task id, env seed, turn): the same in every process
+    (unlike hash()), and it fits torch's manual_seed, vLLM's SamplingParams.seed and the OpenAI API's int64."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def row_seeds(n: int, sampling: SamplingConfig, seeds: Sequence[int] | None) -> list[int] | None:
+    """One seed per prompt: `seeds` as given, else sampling.seed + i, else None (torch's global generator)."""
+    if seeds is not None:
+        if len(seeds) != n:
+            raise ValueError(f"{len(seeds)} seeds for {n} prompts")
+        return [int(s) for s in seeds]
+    return None if sampling.seed is None else [sampling.seed + i for i in range(n)]
+
+
 class GenerationBackend(abc.ABC):
     @abc.abstractmethod
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
-        """Sample one response per prompt (prompts are token ids, e.g. from apply_chat_template)."""
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                 seeds: Sequence[int] | None = None) -> list[Completion]:
+        """Sample one response per prompt (prompts are token ids, e.g. from apply_chat_template).
+
+        seeds[i] fixes prompt i's random draws whatever else is in the batch (see `row_seeds` for None)."""
 
     @abc.abstractmethod
     def update_weights(self, policy: Policy) -> None:
         """Make the next `generate` use `policy`'s current weights."""
 
 
+def uniforms_for(n: int, steps: int, seeds: Sequence[int] | None) -> Tensor:
+    """[n, steps] float64 in [0, 1): row i from its own CPU generator seeded with seeds[i] (one call per
+    row, not per step), or all from torch's global generator. CPU generators give the same numbers on
+    every device, so a seed samples alike on CPU and GPU wherever the probabilities agree."""
+    if seeds is None:
+        return torch.rand(n, steps, dtype=torch.float64)
+    return torch.stack([torch.rand(steps, dtype=torch.float64, generator=torch.Generator().manual_seed(s))
+                        for s in seeds])
+
+
+def inverse_cdf(probabilities: Tensor, uniforms: Tensor) -> Tensor:
+    """[B, V] probabilities (need not sum to 1), [B] uniforms in [0, 1) -> [B] ids: the first id whose
+    cumulative probability exceeds u x total. Each row reads only its own uniform, unlike
+    torch.multinomial, whose draws for a row depend on the rows before it."""
+    cdf = probabilities.cumsum(-1)
+    target = uniforms.to(cdf) * cdf[:, -1]
+    ids = torch.searchsorted(cdf, target[:, None].contiguous(), right=True).squeeze(-1)
+    # u x total can round up to the total: fall back to the last id with probability > 0.
+    positions = torch.arange(probabilities.shape[-1], device=probabilities.device)
+    last_positive = torch.where(probabilities > 0, positions, 0).amax(-1)
+    return torch.minimum(ids, last_positive)
+
+
 def sample_next(logits: Tensor, n_policy_tokens: int, sampling: SamplingConfig,
-                generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """logits [B, V] -> (token ids [B], their log-probs [B]); ids >= n_policy_tokens cannot come out."""
+                uniforms: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """logits [B, V] -> (token ids [B], their log-probs [B]); ids >= n_policy_tokens cannot come out.
+
+    uniforms [B]: one draw in [0, 1) per row (None: from torch's global generator); unused when greedy."""
     log_probs = policy_log_probs(logits, n_policy_tokens, sampling.temperature)       # [B, n]
     if sampling.temperature == 0:
         token_ids = log_probs.argmax(-1)
     else:
-        probabilities = top_p_filter(log_probs, sampling.top_p).exp()
-        token_ids = torch.multinomial(probabilities, 1, generator=generator).squeeze(-1)
+        if uniforms is None:
+            uniforms = torch.rand(len(log_probs), dtype=torch.float64)
+        token_ids = inverse_cdf(top_p_filter(log_probs, sampling.top_p).exp(), uniforms.to(log_probs.device))
     return token_ids, log_probs.gather(-1, token_ids[:, None]).squeeze(-1)
 
 
@@ -133,13 +185,16 @@ class TransformersBackend(GenerationBackend):
             self.model.load_state_dict(policy.model.state_dict())
 
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                 seeds: Sequence[int] | None = None) -> list[Completion]:
+        """One batched forward per step; only the draw is per row (a uniform from each row's generator)."""
         if not prompts:
             return []
         device = self.model.device
-        generator = None
-        if sampling.seed is not None:
-            generator = torch.Generator(device=device).manual_seed(sampling.seed)
+        uniforms = None
+        if sampling.temperature > 0:
+            uniforms = uniforms_for(len(prompts), sampling.max_new_tokens,
+                                    row_seeds(len(prompts), sampling, seeds)).to(device)
         input_ids, attention_mask = left_pad(prompts, self.pad_id, device)
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         stop_ids = torch.tensor(self.stop_ids, dtype=torch.long, device=device)
@@ -148,11 +203,12 @@ class TransformersBackend(GenerationBackend):
         was_training = self.model.training
         self.model.eval()
         try:
-            for _ in range(sampling.max_new_tokens):
+            for step in range(sampling.max_new_tokens):
                 out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                                  **{KV_CACHE: cache}, use_cache=True, logits_to_keep=1)
                 cache = getattr(out, KV_CACHE)
-                next_ids, next_log_probs = sample_next(out.logits[:, -1], self.n_policy_tokens, sampling, generator)
+                next_ids, next_log_probs = sample_next(out.logits[:, -1], self.n_policy_tokens, sampling,
+                                                       None if uniforms is None else uniforms[:, step])
                 next_ids = next_ids.masked_fill(finished, self.pad_id)  # finished rows only pad along
                 step_ids.append(next_ids)
                 step_log_probs.append(next_log_probs)

@@ -26,7 +26,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait
 
 from trainer_client.policy.chat import stop_token_ids
 from trainer_client.policy.engine import EngineBackend, WeightSyncConfig
-from trainer_client.policy.generation import Completion, SamplingConfig
+from trainer_client.policy.generation import Completion, SamplingConfig, row_seeds
 from trainer_client.policy.model import Policy
 
 
@@ -121,34 +121,39 @@ class RemoteBackend(EngineBackend):
             raise RemoteGenerationError(f"the server serves {len(models)} models; set remote.model")
         return models[0]["id"]
 
-    def request_body(self, prompt: Sequence[int], sampling: SamplingConfig, index: int) -> dict:
+    def request_body(self, prompt: Sequence[int], sampling: SamplingConfig, seed: int | None) -> dict:
         return {
             "model": self.model,
             "prompt": list(prompt),
             "max_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
-            "seed": None if sampling.seed is None else sampling.seed + index,
+            "seed": seed,                    # per request, so a prompt's sample does not depend on its batch
             "logprobs": 0,
             "stop_token_ids": self.stop_ids,
             "skip_special_tokens": False,
             "return_token_ids": True,
         }
 
-    async def _complete_all(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
+    async def _complete_all(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                            seeds: list[int] | None) -> list[Completion]:
         async def one(index: int, prompt: Sequence[int]) -> Completion:
-            response = await self._request("POST", "/v1/completions", json=self.request_body(prompt, sampling, index))
+            body = self.request_body(prompt, sampling, None if seeds is None else seeds[index])
+            response = await self._request("POST", "/v1/completions", json=body)
             return completion_from_choice(response.json()["choices"][0])
 
         return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
-    async def agenerate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
+    async def agenerate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                        seeds: Sequence[int] | None = None) -> list[Completion]:
         """`generate` for async callers on any event loop (the requests run on the backend's own)."""
-        future = asyncio.run_coroutine_threadsafe(self._complete_all(prompts, sampling), self._loop)
+        seeds = row_seeds(len(prompts), sampling, seeds)
+        future = asyncio.run_coroutine_threadsafe(self._complete_all(prompts, sampling, seeds), self._loop)
         return await asyncio.wrap_future(future)
 
-    def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
-        return self._run(self._complete_all(prompts, sampling)) if prompts else []
+    def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                  seeds: list[int] | None) -> list[Completion]:
+        return self._run(self._complete_all(prompts, sampling, seeds)) if prompts else []
 
     def _load_weights(self, checkpoint_dir: Path) -> None:
         server_dir = checkpoint_dir

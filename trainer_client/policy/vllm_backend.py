@@ -84,24 +84,25 @@ class VllmBackend(EngineBackend):
             logits_processors=[BAN_RESERVED_IDS],
         )
 
-    def sampling_params(self, sampling: SamplingConfig, index: int):
+    def sampling_params(self, sampling: SamplingConfig, seed: int | None):
         return self.vllm.SamplingParams(
             n=1,
             max_tokens=sampling.max_new_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
-            seed=None if sampling.seed is None else sampling.seed + index,
+            seed=seed,                       # per request: vLLM gives a seeded request its own generator
             logprobs=0,                      # only the sampled token's log-prob
             stop_token_ids=self.stop_ids,
             skip_special_tokens=False,
             detokenize=False,                # the rollout decodes the ids itself
         )
 
-    def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig) -> list[Completion]:
+    def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
+                  seeds: list[int] | None) -> list[Completion]:
         if not prompts:
             return []
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        params = [self.sampling_params(sampling, i) for i in range(len(prompts))]
+        params = [self.sampling_params(sampling, None if seeds is None else seeds[i]) for i in range(len(prompts))]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         return [completion_from_output(o.outputs[0]) for o in outputs]
 
