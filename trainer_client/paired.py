@@ -1,0 +1,101 @@
+"""Paired comparison of two evaluations on the same games and seeds: the gain and a bootstrap interval.
+
+Two checkpoints evaluated on the same games with the same eval seeds see the same game layouts, so most of
+the game-to-game spread (easy and hard rooms) cancels in the per-game differences. The interval resamples
+games (not episodes): with several eval seeds a game's outcome is its mean over them, so the seeds of one
+game are not counted as independent evidence.
+
+    values = outcome_values(results)                   # EvalResults or results-file runs -> {(task, seed): won}
+    gain, lo, hi = paired_gain(game_means(before), game_means(after))
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+Key = tuple[str, int]          # (task id, eval seed)
+
+
+def outcome_values(results: Iterable, metric: str = "won") -> dict[Key, float]:
+    """{(task id, seed): won (0/1) or score} from EvalResults (their `outcomes`) or from the runs of a
+    results file (EvalResult.as_dict, with its "outcomes" list)."""
+    if metric not in ("won", "score"):
+        raise ValueError(f"metric must be won or score, got {metric!r}")
+    values: dict[Key, float] = {}
+    for result in results:
+        if isinstance(result, Mapping):
+            if "outcomes" not in result:
+                raise ValueError("this result has no per-episode outcomes (written before they were kept)")
+            items = (((o["task_id"], int(o["seed"])), o[metric]) for o in result["outcomes"])
+        else:
+            items = ((key, getattr(o, metric)) for key, o in result.outcomes.items())
+        for key, value in items:
+            if key in values:
+                raise ValueError(f"episode {key} appears twice")
+            values[key] = float(value)
+    return values
+
+
+def game_means(values: Mapping[Key, float]) -> dict[str, float]:
+    """Each game's mean over the eval seeds it was played with."""
+    by_game: dict[str, list[float]] = defaultdict(list)
+    for (task_id, _), value in values.items():
+        by_game[task_id].append(value)
+    return {task_id: sum(v) / len(v) for task_id, v in by_game.items()}
+
+
+def paired_gain(before: Mapping[str, float], after: Mapping[str, float], n_boot: int = 10_000, seed: int = 0,
+                level: float = 0.95) -> tuple[float, float, float]:
+    """(mean of after - before over games, lower, upper): the percentile bootstrap over games at `level`.
+
+    Both must hold the same games (a paired comparison); the result is a function of its arguments."""
+    if set(before) != set(after):
+        raise ValueError(f"a paired comparison needs the same games: {len(set(before) - set(after))} only before, "
+                         f"{len(set(after) - set(before))} only after")
+    if not before:
+        raise ValueError("no games to compare")
+    if n_boot < 1 or not 0 < level < 1:
+        raise ValueError(f"n_boot must be >= 1 and level in (0, 1), got {n_boot}, {level}")
+    games = sorted(before)
+    differences = np.array([after[g] - before[g] for g in games], dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_boot)
+    chunk = max(1, 4_000_000 // len(games))      # bounded memory for many games
+    for start in range(0, n_boot, chunk):
+        rows = min(chunk, n_boot - start)
+        means[start:start + rows] = differences[rng.integers(0, len(games), (rows, len(games)))].mean(1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return float(differences.mean()), float(lo), float(hi)
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    gain: float
+    lo: float
+    hi: float
+    before: float          # mean over the compared games (each game's mean over seeds)
+    after: float
+    games: int
+    episodes: int          # (game, seed) pairs both sides finished
+    left_out: int          # episodes only one side finished (dropped on the other), not compared
+
+    def describe(self, level: float = 0.95) -> str:
+        return (f"{self.before:.3f} -> {self.after:.3f}: gain {self.gain:+.3f} "
+                f"[{self.lo:+.3f}, {self.hi:+.3f}] ({round(100 * level)}% bootstrap over {self.games} games"
+                f"{f', {self.left_out} unpaired episodes left out' if self.left_out else ''})")
+
+
+def compare(before: Mapping[Key, float], after: Mapping[Key, float], n_boot: int = 10_000,
+            seed: int = 0) -> PairedComparison:
+    """Paired gain over the (game, seed) episodes both evaluations finished; an episode dropped on one side
+    (infrastructure, never scored) leaves its pair out."""
+    common = set(before) & set(after)
+    b = game_means({k: before[k] for k in common})
+    a = game_means({k: after[k] for k in common})
+    gain, lo, hi = paired_gain(b, a, n_boot, seed)
+    return PairedComparison(gain, lo, hi, sum(b.values()) / len(b), sum(a.values()) / len(a), len(b), len(common),
+                            len(set(before) ^ set(after)))
