@@ -13,10 +13,9 @@ import logging
 import os
 import sys
 
-from env_server.config import ServerConfig, parse_entry_points, parse_env_options, parse_workers
+from env_server.config import AUTH_TOKEN_ENV, ServerConfig, parse_entry_points, parse_env_options, parse_workers
 from env_server.server import run
 
-AUTH_TOKEN_ENV = "LIMEN_AUTH_TOKEN"
 FLAG_TYPES = {"int": int, "float": float, "str": str, "str | None": str}
 # Fields whose flags parse a compact spelling (below) rather than one plain value.
 STRUCTURED = {"envs", "entry_points", "env_options", "workers", "workers_by_env"}

@@ -82,7 +82,9 @@ class EnvBackend:
     def __init__(self, config: ServerConfig, metrics: ServerMetrics, server_id: str = "") -> None:
         self.config = config
         self.metrics = metrics
-        self.table = SessionTable(config.max_sessions, config.idle_ttl_s, server_id)
+        self.table = SessionTable(config.max_sessions, config.idle_ttl_s, server_id,
+                                  finished_grace_s=config.finished_grace_s,
+                                  max_finished=config.max_finished_sessions)
         self.groups: dict[str, WorkerGroup] = {}
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
@@ -200,7 +202,7 @@ class EnvBackend:
     async def _step(self, session: Session, step_index: int, action: str) -> Transition:
         async with session.lock:
             self.table.check_not_ended(session)
-            stored = self.table.stored_step(session, step_index)
+            stored = self.table.stored_step(session, step_index, action)
             if stored is not None:
                 self.table.touch(session)
                 return stored
@@ -323,11 +325,14 @@ class EnvBackend:
         self.release(transition.session_id, "was released: the client abandoned its Reset")
 
     async def _maintain(self) -> None:
-        """Idle reaping and worker memory, on one clock."""
-        period = min(self.config.rss_poll_s, self.config.idle_ttl_s / 4)
+        """Idle reaping, release of finished sessions past their grace, and worker memory, on one clock.
+        Each pass costs what it expires, not the size of the table."""
+        period = min(self.config.rss_poll_s, self.config.idle_ttl_s / 4,
+                     self.config.finished_grace_s / 4 or self.config.rss_poll_s)
         while True:
             for group in self.groups.values():
                 group.poll_rss()
+            self.table.expire_finished()
             for session in self.table.idle():
                 self.release(session.session_id, f"expired after {self.config.idle_ttl_s:g} s idle")
             await asyncio.sleep(period)

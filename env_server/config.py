@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 MIB = 1024 * 1024
+# The variable the server reads its bearer token from; worker processes do not inherit it.
+AUTH_TOKEN_ENV = "LIMEN_AUTH_TOKEN"
 
 
 def default_worker_count(num_envs: int) -> int:
@@ -43,6 +45,9 @@ class ServerConfig:
     host: str = setting("127.0.0.1", "bind address; loopback unless another (0.0.0.0) is asked for")
     port: int = setting(50051, "gRPC port; 0 picks a free one")
     metrics_port: int = setting(0, "Prometheus HTTP port; 0 picks a free one (logged), -1 turns metrics off")
+    metrics_host: str = setting(
+        "127.0.0.1", "bind address of the metrics port: plain HTTP with no auth, so loopback unless a scraper "
+        "elsewhere needs it (0.0.0.0), whatever --host is")
     max_message_bytes: int = setting(
         4 * MIB, "gRPC send/receive limit per message; above max_action_bytes so that an oversize action "
         "gets the server's own INVALID_ARGUMENT with a reason, not a transport error")
@@ -56,6 +61,11 @@ class ServerConfig:
     # ---- sessions ----------------------------------------------------------------------------------------
     max_sessions: int = setting(256, "live episodes held at once; a Reset beyond it gets RESOURCE_EXHAUSTED")
     idle_ttl_s: float = setting(600.0, "a session untouched this long is closed; its id then answers NOT_FOUND")
+    finished_grace_s: float = setting(
+        60.0, "a finished (terminated/truncated) session nobody closed is released this long after its last "
+        "step, which a retry may ask for until then; its id then answers NOT_FOUND")
+    max_finished_sessions: int = setting(
+        1024, "finished sessions kept for retries at once, beyond max_sessions; past it the oldest are released")
     max_action_bytes: int = setting(16 * 1024, "longest action accepted, in UTF-8 bytes (INVALID_ARGUMENT beyond)")
 
     # ---- workers -----------------------------------------------------------------------------------------
@@ -103,7 +113,8 @@ class ServerConfig:
         positive = ("max_sessions", "max_action_bytes", "max_message_bytes", "idle_ttl_s", "step_timeout_s",
                     "reset_timeout_s", "worker_start_timeout_s", "rss_poll_s", "keepalive_min_ping_interval_s")
         non_negative = ("workers", "recycle_after_episodes", "worker_rss_limit_mb", "drain_grace_s",
-                        "stop_grace_s", "max_connection_age_s", "max_connection_age_grace_s")
+                        "stop_grace_s", "max_connection_age_s", "max_connection_age_grace_s", "finished_grace_s",
+                        "max_finished_sessions")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")

@@ -200,7 +200,8 @@ async def serve(config: ServerConfig) -> AsyncIterator[RunningServer]:
             with contextlib.ExitStack() as on_exit:
                 metrics_port = None
                 if config.metrics_port >= 0:
-                    metrics_port, stop_metrics = metrics.serve_http(config.host, config.metrics_port)
+                    # Not config.host: plain HTTP without auth, it stays on loopback unless asked (metrics_host).
+                    metrics_port, stop_metrics = metrics.serve_http(config.metrics_host, config.metrics_port)
                     on_exit.callback(stop_metrics)
                 yield RunningServer(config, _host_port(_connect_host(config.host), port), port, metrics_port,
                                     version, backend, server)
@@ -216,7 +217,8 @@ async def run(config: ServerConfig) -> int:
         workers = ",".join(f"{env}={config.workers_for(env)}" for env in config.envs)
         log.info("limen env server %s listening on %s (envs %s; workers %s; metrics %s; tls %s; auth %s; "
                  "server_id %s)", running.version, _host_port(config.host, running.port), ",".join(config.envs),
-                 workers, running.metrics_port if running.metrics_port is not None else "off",
+                 workers, _host_port(config.metrics_host, running.metrics_port) if running.metrics_port is not None
+                 else "off",
                  "mutual" if config.tls_client_ca else "on" if config.tls else "off",
                  "bearer" if config.auth_token else "off", running.server_id)
         if not _is_loopback(config.host) and not (config.tls or config.auth_token):

@@ -2,6 +2,12 @@
 
 Pure bookkeeping with no gRPC and no processes: it records what each session needs to be answered
 again (its transitions) or rebuilt elsewhere (its episode spec, actions and observation digests).
+
+Every operation costs the same however many sessions the table holds: live counts are kept per env
+rather than counted, and expiry walks insertion-ordered dicts from the oldest end only as far as it
+has something to expire. A finished episode (terminated or truncated) holds no env; its session is
+kept only for retries of its last step: `finished_grace_s`, and at most `max_finished` of them (the
+oldest finished go first).
 """
 
 from __future__ import annotations
@@ -30,6 +36,11 @@ class SessionError(Exception):
 
 class StepIndexGap(InvalidRequest):
     """A step_index that is neither the next one nor one already applied (INVALID_ARGUMENT)."""
+
+
+class ConflictingRetry(InvalidRequest):
+    """A step_index already applied, sent again with another action: a client bug, not a retry
+    (INVALID_ARGUMENT, like a step_index that skips ahead)."""
 
 
 class UnknownSession(SessionError):
@@ -74,17 +85,27 @@ class SessionTable:
     """Sessions by id, plus the episode_id index and the reasons of recently ended ones."""
 
     def __init__(self, capacity: int, idle_ttl_s: float, server_id: str = "",
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        if capacity < 1 or idle_ttl_s <= 0:
-            raise ValueError(f"capacity must be >= 1 and idle_ttl_s > 0, got {capacity}, {idle_ttl_s}")
+                 clock: Callable[[], float] = time.monotonic, finished_grace_s: float = 60.0,
+                 max_finished: int = 1024) -> None:
+        if capacity < 1 or idle_ttl_s <= 0 or finished_grace_s < 0 or max_finished < 0:
+            raise ValueError(f"capacity must be >= 1, idle_ttl_s > 0, finished_grace_s and max_finished >= 0; "
+                             f"got {capacity}, {idle_ttl_s}, {finished_grace_s}, {max_finished}")
         self.capacity = capacity
         self.idle_ttl_s = idle_ttl_s
+        self.finished_grace_s = finished_grace_s
+        self.max_finished = max_finished
         self.server_id = server_id or secrets.token_hex(6)
         self.draining = False
         self._clock = clock
         self._sessions: dict[str, Session] = {}
         self._by_episode_id: dict[str, Session] = {}
         self._ended: OrderedDict[str, tuple[type[Exception], str]] = OrderedDict()
+        # Live sessions, least recently used first (touch moves one to the end), so the idle sweep stops
+        # at the first recent one.
+        self._live: OrderedDict[str, Session] = OrderedDict()
+        self._live_by_env: dict[str, int] = {}
+        # Finished sessions by the time they finished, oldest first.
+        self._finished: OrderedDict[str, tuple[float, Session]] = OrderedDict()
 
     # ---- opening -----------------------------------------------------------------------------------
     def open(self, spec: EpisodeSpec) -> tuple[Session, bool]:
@@ -100,8 +121,11 @@ class SessionTable:
             raise Draining("the server is draining and opens no new sessions; try another server")
         if self.live_count() >= self.capacity:
             raise ServerFull(f"all {self.capacity} session slots are taken; try another server or later")
+        self.expire_finished()
         session = Session(f"{self.server_id}-{secrets.token_hex(8)}", spec, self._clock())
         self._sessions[session.session_id] = session
+        self._live[session.session_id] = session
+        self._live_by_env[spec.env] = self._live_by_env.get(spec.env, 0) + 1
         if spec.episode_id:
             self._by_episode_id[spec.episode_id] = session
         return session, True
@@ -121,13 +145,20 @@ class SessionTable:
             raise type(session.ended)(str(session.ended))
 
     @staticmethod
-    def stored_step(session: Session, step_index: int) -> Transition | None:
-        """The stored Transition when `step_index` was already applied (a retry); None when it is the
-        next step to apply. Anything else is refused."""
+    def stored_step(session: Session, step_index: int, action: str) -> Transition | None:
+        """The stored Transition when `step_index` was already applied with this same action (a retry);
+        None when it is the next step to apply. Anything else is refused."""
         if step_index < 1:
             raise InvalidRequest(f"step_index counts from 1 within a session, got {step_index}")
         applied = len(session.transitions) - 1
         if step_index <= applied:
+            # The actions are kept for replay anyway, so the check compares them whole, not a digest.
+            applied_action = session.actions[step_index - 1]
+            if action != applied_action:
+                raise ConflictingRetry(
+                    f"step_index {step_index} of session {session.session_id} was already applied with "
+                    f"action {_clip(applied_action)}, not {_clip(action)}: a retry must resend the same "
+                    f"action; the next step is {applied + 1}")
             return session.transitions[step_index]
         if step_index > applied + 1:
             raise StepIndexGap(f"step_index {step_index} skips ahead: session {session.session_id} "
@@ -142,21 +173,31 @@ class SessionTable:
         if transition.step_index != len(session.transitions):
             raise ValueError(f"transition {transition.step_index} recorded out of order "
                              f"after {len(session.transitions)}")
+        was_live = session.live
         session.transitions.append(transition)
         session.digests.append(result_digest(transition.result))
         if action is not None:
             session.actions.append(action)
         self.touch(session)
+        if was_live and transition.result.done:
+            self._leave_live(session)
+            self._finished[session.session_id] = (self._clock(), session)
+            self.expire_finished()
         return transition
 
     def touch(self, session: Session) -> None:
         session.last_used = self._clock()
+        if session.session_id in self._live:
+            self._live.move_to_end(session.session_id)
 
     # ---- ending --------------------------------------------------------------------------------------
     def end(self, session: Session, error: Exception) -> None:
         """Remove the session; later calls on its id raise an error like `error`, with its message."""
         if session.ended is not None:
             return
+        if session.session_id in self._live:
+            self._leave_live(session)
+        self._finished.pop(session.session_id, None)
         session.ended = error
         self._sessions.pop(session.session_id, None)
         if self._by_episode_id.get(session.spec.episode_id) is session:
@@ -166,20 +207,45 @@ class SessionTable:
             self._ended.popitem(last=False)
 
     def idle(self) -> list[Session]:
-        """Sessions untouched for idle_ttl_s, not counting any with a call in flight."""
+        """Live sessions untouched for idle_ttl_s, not counting any with a call in flight. Walks from the
+        least recently used and stops at the first recent one."""
         cutoff = self._clock() - self.idle_ttl_s
-        return [s for s in self._sessions.values() if s.last_used < cutoff and not s.lock.locked()]
+        found = []
+        for session in self._live.values():
+            if session.last_used >= cutoff:
+                break
+            if not session.lock.locked():
+                found.append(session)
+        return found
+
+    def expire_finished(self) -> None:
+        """End finished sessions past their grace, and the oldest beyond max_finished. They hold no env,
+        so there is nothing to free but the record; a call in flight on one finds it ended."""
+        now = self._clock()
+        while self._finished:
+            finished_at, session = next(iter(self._finished.values()))
+            over_count = len(self._finished) > self.max_finished
+            if not over_count and now - finished_at < self.finished_grace_s:
+                break
+            why = (f"more than {self.max_finished} finished sessions are kept" if over_count
+                   else f"finished sessions are kept {self.finished_grace_s:g} s")
+            self.end(session, UnknownSession(
+                f"session {session.session_id} finished at step {len(session.transitions) - 1} and was "
+                f"released ({why}, for retries of their last step; Close a session once it ends)"))
 
     # ---- load ----------------------------------------------------------------------------------------
     def live_count(self, env: str | None = None) -> int:
-        return sum(s.live for s in self._sessions.values() if env is None or s.spec.env == env)
+        return len(self._live) if env is None else self._live_by_env.get(env, 0)
 
     def live_by_env(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for s in self._sessions.values():
-            if s.live:
-                counts[s.spec.env] = counts.get(s.spec.env, 0) + 1
-        return counts
+        return {env: count for env, count in self._live_by_env.items() if count}
+
+    def finished_count(self) -> int:
+        return len(self._finished)
+
+    def _leave_live(self, session: Session) -> None:
+        del self._live[session.session_id]
+        self._live_by_env[session.spec.env] -= 1
 
     @property
     def full(self) -> bool:
@@ -195,3 +261,8 @@ class SessionTable:
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    """An action quoted in an error, short enough that two fit in the details."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} characters)"

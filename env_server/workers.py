@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from env_server.config import AUTH_TOKEN_ENV
 from env_server.metrics import ServerMetrics
 from env_server.worker_protocol import (
     ACK, FRAME_HEADER, MAX_FRAME_BYTES, EnvDescription, EnvTimeout, WorkerCrashed, encode_frame,
@@ -51,6 +52,14 @@ async def read_frame(reader: asyncio.StreamReader) -> Any:
     if size > MAX_FRAME_BYTES:
         raise ConnectionError(f"worker sent a frame of {size} bytes")
     return pickle.loads(await reader.readexactly(size))
+
+
+def worker_environment() -> dict[str, str]:
+    """The server's environment minus its secrets (env code has no use for the bearer token), with the
+    server's import path, so a worker imports what the server can (e.g. an env registered from a test dir)."""
+    environment = {name: value for name, value in os.environ.items() if name != AUTH_TOKEN_ENV}
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return environment
 
 
 # ---- one worker process ----------------------------------------------------------------------------
@@ -87,8 +96,7 @@ class Worker:
                 stdout=asyncio.subprocess.DEVNULL,
                 # Own session: a Ctrl-C on the terminal drains the server instead of killing envs mid-step.
                 start_new_session=True,
-                # The worker imports what the server can import (e.g. an env registered from a test dir).
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                env=worker_environment(),
             )
         except BaseException:
             parent_end.close()

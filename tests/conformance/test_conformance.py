@@ -187,8 +187,8 @@ async def test_duplicate_step_index_returns_the_stored_transition(conformance: C
     first = await conformance.reset(task_id, max_turns=2)
     try:
         one = await conformance.step(first.session_id, 1, NOOP_ACTION)
-        # A different action under the same index must not be applied: the stored answer comes back.
-        assert await conformance.step(first.session_id, 1, "another action entirely") == one
+        # A different action under the same index is no retry: refused, and not applied.
+        await expect_status(conformance.step(first.session_id, 1, "another action entirely"), S.INVALID_ARGUMENT)
         assert await conformance.step(first.session_id, 1, NOOP_ACTION) == one
         two = await conformance.step(first.session_id, 2, NOOP_ACTION)
         # Had the duplicates stepped the env, the 2-turn limit would have ended the episode before step 2.

@@ -256,6 +256,8 @@ def test_metrics_port_is_where_prometheus_and_the_annotator_look(pool):
     server = container(resources, env, "env-server")
     metrics_port = next(p["containerPort"] for p in server["ports"] if p["name"] == "metrics")
     assert int(flag_value(server_args(resources, env), "--metrics-port")) == metrics_port
+    # Prometheus scrapes the pod IP, and the server keeps metrics on loopback unless told otherwise.
+    assert server_config(server_args(resources, env)).metrics_host == "0.0.0.0"
     annotations = resources[("Deployment", f"{env}-env-server")]["spec"]["template"]["metadata"]["annotations"]
     assert int(annotations["prometheus.io/port"]) == metrics_port
     sidecar = container(resources, env, "deletion-cost")
@@ -365,6 +367,9 @@ def test_overlay_arguments_configure_the_real_server(pool):
 def test_compose_commands_configure_the_real_server(compose, service):
     config = server_config(compose[service]["command"])
     assert config.port == 50051 and set(config.envs) <= {"alfworld", "webshop"}
+    # A published metrics port must be bound beyond the container's loopback; an unpublished one stays there.
+    published = any(p["target"] == config.metrics_port for p in compose[service].get("ports", ()))
+    assert config.metrics_host == ("0.0.0.0" if published else "127.0.0.1")
 
 
 def test_env_image_default_command_configures_the_real_server():

@@ -96,7 +96,8 @@ class EnvServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Step(self, request, context):
-        """One action. Re-sending a step_index already applied returns the stored Transition (safe retries).
+        """One action. Re-sending a step_index already applied, with the same action, returns the stored
+        Transition (safe retries); with another action it is INVALID_ARGUMENT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,134 @@
+"""Reset+Close latency on a server holding many finished sessions that nobody closed (issue 19).
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/ended_sessions.py [--unclosed 0,3000,10000]
+        [--samples 300] [--json out.json] [--set finished_grace_s=3600 --set max_finished_sessions=20000]
+
+For each level N: a fresh in-process server (toy env, one worker, metrics off) on port 0; N toy episodes
+played to their end over unary Reset/Step on a real gRPC channel, none closed (as a raw client that forgets
+Close would); then --samples sequential Reset+Close pairs, timed at the client. Reports their median and
+p90 in ms, and how many sessions the server's table still held when measured.
+
+`--set key=value` sets a ServerConfig field (repeatable), e.g. to keep every finished session so that the
+table really holds N. To measure older code, put its checkout first on the import path:
+    PYTHONPATH=/tmp/before:/tmp/before/proto .venv/bin/python benchmarks/ended_sessions.py ...
+"""
+
+from __future__ import annotations
+
+from benchlib import fix_threads, percentile
+
+fix_threads(1)
+
+import argparse  # noqa: E402  (after the thread settings)
+import asyncio  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import grpc  # noqa: E402
+
+import env_server  # noqa: E402
+from env_server.config import ServerConfig  # noqa: E402
+from env_server.server import serve  # noqa: E402
+from limen.env.v1 import env_pb2, env_pb2_grpc  # noqa: E402
+
+WARMUP_PAIRS = 20
+FILL_CONCURRENCY = 16
+# Unclosed sessions must outlive the fill at every level, whichever code is measured.
+BASE_CONFIG = dict(envs=("toy",), port=0, metrics_port=-1, workers=1, idle_ttl_s=3600.0, max_sessions=256)
+
+
+def config_with(overrides: dict[str, str]) -> ServerConfig:
+    fields = {f.name: f for f in dataclasses.fields(ServerConfig)}
+    values = dict(BASE_CONFIG)
+    for name, text in overrides.items():
+        if name not in fields:
+            raise SystemExit(f"--set {name}: ServerConfig of this code has no such field")
+        values[name] = type(fields[name].default)(text)
+    return ServerConfig(**values)
+
+
+async def play_unclosed(stub, task_ids: list[str], count: int) -> None:
+    """`count` toy episodes to their end, following the expert, never closed."""
+    next_index = iter(range(count))
+
+    async def driver() -> None:
+        for i in next_index:
+            t = await stub.Reset(env_pb2.ResetRequest(env="toy", split="train", task_id=task_ids[i % len(task_ids)],
+                                                      seed=i))
+            step_index = 1
+            while not (t.terminated or t.truncated):
+                t = await stub.Step(env_pb2.StepRequest(session_id=t.session_id, step_index=step_index,
+                                                        action=t.info["expert_action"].encode()))
+                step_index += 1
+
+    await asyncio.gather(*(driver() for _ in range(FILL_CONCURRENCY)))
+
+
+async def reset_close_ms(stub, task_id: str, pairs: int) -> list[float]:
+    latencies = []
+    for i in range(pairs):
+        started = time.perf_counter()
+        t = await stub.Reset(env_pb2.ResetRequest(env="toy", split="train", task_id=task_id, seed=i))
+        await stub.Close(env_pb2.CloseRequest(session_id=t.session_id))
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+async def measure(config: ServerConfig, unclosed: int, samples: int) -> dict:
+    async with serve(config) as running, grpc.aio.insecure_channel(running.address) as channel:
+        stub = env_pb2_grpc.EnvServiceStub(channel)
+        task_ids = list((await stub.ListTasks(env_pb2.ListTasksRequest(env="toy", split="train"))).task_ids)
+        fill_started = time.perf_counter()
+        await play_unclosed(stub, task_ids, unclosed)
+        fill_s = time.perf_counter() - fill_started
+        await reset_close_ms(stub, task_ids[0], WARMUP_PAIRS)
+        latencies = await reset_close_ms(stub, task_ids[0], samples)
+        return {"unclosed": unclosed, "sessions_held": len(running.backend.table), "fill_s": round(fill_s, 1),
+                "median_ms": round(statistics.median(latencies), 3), "p90_ms": round(percentile(latencies, 90), 3),
+                "samples": samples}
+
+
+def code_revision() -> str:
+    root = Path(env_server.__file__).resolve().parent.parent
+    try:
+        revision = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                  text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "env_server"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"{root} (not a git checkout)"
+    return f"{root} @ {revision}{' + uncommitted env_server changes' if dirty else ''}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--unclosed", default="0,3000,10000", help="comma-separated levels of unclosed episodes")
+    parser.add_argument("--samples", type=int, default=300, help="Reset+Close pairs timed per level")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a ServerConfig field")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    overrides = dict(item.split("=", 1) for item in args.set)
+    config = config_with(overrides)
+    report = {"code": code_revision(), "server_config": overrides, "loadavg_before": os.getloadavg(),
+              "cpus": len(os.sched_getaffinity(0)), "levels": []}
+    print(f"code: {report['code']}; overrides: {overrides or 'none'}; load {report['loadavg_before']}",
+          file=sys.stderr)
+    for level in (int(n) for n in args.unclosed.split(",")):
+        result = asyncio.run(measure(config, level, args.samples))
+        result["loadavg"] = os.getloadavg()
+        report["levels"].append(result)
+        print(f"{level:>6} unclosed finished ({result['sessions_held']:>6} held, filled in {result['fill_s']:>6} s): "
+              f"Reset+Close median {result['median_ms']:.2f} ms, p90 {result['p90_ms']:.2f} ms  "
+              f"(load {result['loadavg'][0]:.2f})", file=sys.stderr)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
