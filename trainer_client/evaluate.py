@@ -32,6 +32,7 @@ import yaml
 from trainer_client import configuration
 from trainer_client.env_pool import EnvPool
 from trainer_client.local_server import local_env_server
+from trainer_client.paired import paired_report
 from trainer_client.policy import Policy, TransformersBackend
 from trainer_client.policy.generation import GenerationBackend
 from trainer_client.policy.qwen import QWEN25_CHAT_TEMPLATE
@@ -393,7 +394,10 @@ def combine(argv: Sequence[str]) -> int:
     if args.plot and not args.runs:
         parser.error("--plot needs --runs")
     if args.results:
-        table = results_table([json.loads(Path(p).read_text()) for p in args.results])
+        files = [json.loads(Path(p).read_text()) for p in args.results]
+        table = results_table(files)
+        if paired := paired_report(files):   # two or more labels: each against the first, paired
+            table += "\n\nPaired against the first label (same tasks and eval seeds):\n\n" + paired
         print(table)
         if args.markdown:
             Path(args.markdown).write_text(table + "\n")

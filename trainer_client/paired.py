@@ -12,7 +12,7 @@ game are not counted as independent evidence.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,3 +99,31 @@ def compare(before: Mapping[Key, float], after: Mapping[Key, float], n_boot: int
     gain, lo, hi = paired_gain(b, a, n_boot, seed)
     return PairedComparison(gain, lo, hi, sum(b.values()) / len(b), sum(a.values()) / len(a), len(b), len(common),
                             len(set(before) ^ set(after)))
+
+
+def paired_report(files: Sequence[Mapping], n_boot: int = 10_000, seed: int = 0) -> str:
+    """For results files (`limen-eval --out`) of two or more labels: each label against the first one, per env
+    and split, paired over the (task, seed) episodes both played. A label with several files (training runs)
+    counts an episode as its mean over them. "" when there is nothing to compare."""
+    values: dict[tuple[str, str], dict[str, dict[Key, list[float]]]] = defaultdict(lambda: defaultdict(dict))
+    missing = set()
+    for f in files:
+        if not all("outcomes" in run for run in f["runs"]):
+            missing.add(f["label"])
+            continue
+        by_label = values[(f["env"], f["split"])][f["label"]]
+        for key, value in outcome_values(f["runs"]).items():
+            by_label.setdefault(key, []).append(value)
+    lines = []
+    for (env, split), by_label in values.items():
+        labels = list(by_label)
+        means = {label: {k: sum(v) / len(v) for k, v in by_label[label].items()} for label in labels}
+        for label in labels[1:]:
+            if not means[labels[0]].keys() & means[label].keys():
+                lines.append(f"- {env} {split}, {label} vs {labels[0]}: no (task, seed) episode in common")
+                continue
+            result = compare(means[labels[0]], means[label], n_boot, seed)
+            lines.append(f"- {env} {split}, {label} vs {labels[0]}: {result.describe()}")
+    if lines and missing:
+        lines.append(f"(not compared, no per-episode outcomes in their files: {', '.join(sorted(missing))})")
+    return "\n".join(lines)

@@ -55,6 +55,9 @@ def test_prompting_baseline_and_combine(toy_model, toy_server, tmp_path):
     rows = table.read_text().splitlines()
     assert rows[0].startswith("| Method | toy ")
     assert [row.split("|")[1].strip() for row in rows[2:4]] == ["mine", f"{toy_model.name} (react)"]
+    # Two labels on the same 6 tasks and seed: the second against the first, paired.
+    assert f"- toy test, {toy_model.name} (react) vs mine: " in table.read_text()
+    assert "bootstrap over 6 games" in table.read_text()
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 

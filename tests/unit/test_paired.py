@@ -9,7 +9,7 @@ import math
 import pytest
 
 from trainer_client.evaluate import summarize
-from trainer_client.paired import compare, game_means, outcome_values, paired_gain
+from trainer_client.paired import compare, game_means, outcome_values, paired_gain, paired_report
 from trainer_client.rollout import EpisodeRecord, TaskRef, Turn
 
 
@@ -95,3 +95,24 @@ def test_compare_pairs_episodes_both_sides_finished():
     assert result.lo == 0.5 and result.hi == 1.0
     assert "gain +0.750 [+0.500, +1.000]" in result.describe() and "1 unpaired" in result.describe()
     assert not math.isnan(result.gain)
+
+
+def results_file(label: str, runs: list) -> dict:
+    """A results file's shape (limen-eval --out) around EvalResult.as_dict runs, through JSON."""
+    return json.loads(json.dumps({"label": label, "env": "toy", "split": "test",
+                                  "runs": [{"seed": r.episodes[0].task.seed, **r.as_dict()} for r in runs]}))
+
+
+def test_paired_report_compares_each_label_with_the_first():
+    sft = results_file("sft", [summarize("toy", "test", [record("a", 0, False, 0.0), record("b", 0, True, 1.0)])])
+    rl_runs = [results_file("rl", [summarize("toy", "test", [record("a", 0, won, 0.0), record("b", 0, True, 1.0)])])
+               for won in (True, False)]   # two training runs of one label: a's outcome is their mean, 0.5
+    other_split = {**sft, "split": "valid"}
+    old = {"label": "old", "env": "toy", "split": "test", "runs": [{"success": 0.5}]}
+    report = paired_report([sft, *rl_runs, other_split, old], n_boot=1000)
+    lines = report.splitlines()
+    # Game a: 0 -> 0.5, game b: 1 -> 1; gain 0.25, resample means 0, 0.25, 0.5.
+    assert lines[0] == ("- toy test, rl vs sft: 0.500 -> 0.750: gain +0.250 [+0.000, +0.500] "
+                        "(95% bootstrap over 2 games)")
+    assert lines[1] == "(not compared, no per-episode outcomes in their files: old)" and len(lines) == 2
+    assert paired_report([sft]) == ""
