@@ -1,13 +1,17 @@
 """The CPU-scale learning study: per seed, one SFT warm start shared by every algorithm, then RL with each
-algorithm at equal episodes per iteration and equal iterations, then held-out evaluation per category.
-RESULTS.md and the learning curves are generated from the runs' results files, never typed in.
+algorithm at equal episodes per iteration and equal iterations, then held-out evaluation of every checkpoint
+on the same games with the same eval seeds, so that every comparison is paired game by game. RESULTS.md,
+summary.json and the learning curves are generated from the runs' results files, never typed in.
 
     python benchmarks/learning_study.py --config configs/study.yaml [key=value ...] [--estimate | --report-only]
+                                        [--commit]
 
 Resumable: a seed's SFT (`seed_S/sft.json`) and an algorithm's RL + evaluation (`seed_S/ARM/results.json`)
 are skipped when their results file exists; an interrupted RL run resumes from its last checkpoint; an
-out_dir that holds runs made with other settings is refused. `--estimate` times the first seed's SFT (kept
-for the study) and a few RL iterations of every algorithm, and prints the study's projected time.
+out_dir that holds runs made with other settings is refused. After each seed (and at the end) the small
+results files are copied to `measurements_dir` beside summary.json, and RESULTS.md is rewritten; with
+`--commit` those paths are then committed to git, one commit per finished seed. `--estimate` times the first
+seed's SFT (kept for the study) and a few RL iterations of every algorithm, and prints the projected time.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ import json  # noqa: E402
 import random  # noqa: E402
 import shlex  # noqa: E402
 import shutil  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Mapping, Sequence  # noqa: E402
+from collections.abc import Callable, Iterable, Mapping, Sequence  # noqa: E402
+from contextlib import AbstractAsyncContextManager  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -40,6 +47,8 @@ from trainer_client.evaluate import (  # noqa: E402
     EVAL_TEMPERATURE, evaluate, mean_std, plot_curves, read_run, results_table, subset,
 )
 from trainer_client.local_server import local_env_server  # noqa: E402
+from trainer_client.paired import compare as paired_compare  # noqa: E402
+from trainer_client.paired import outcome_values  # noqa: E402
 from trainer_client.policy import Policy, TransformersBackend, build_tiny_checkpoint  # noqa: E402
 from trainer_client.sft import expert_episodes, expert_samples, expert_texts, sft  # noqa: E402
 from trainer_client.timing import ITERATION_STAGES, mean_stage_seconds  # noqa: E402
@@ -59,8 +68,15 @@ EXTENDED_ARMS: dict[str, tuple[str, ...]] = {
     "gigpo": ("algo=gigpo",),
     "empg": ("algo=empg",),
 }
+# The two ablations the arms were chosen for: what the first minus the second measures.
+ABLATIONS = {
+    ("boundary", "ppo_critic_turn"): "the shared readout: the same turn-level GAE and batch normalization, V read "
+                                     "from the policy's own two rows vs from a separate critic",
+    ("ppo_critic_turn", "ppo_critic_verl"): "turn-level credit: the same separate critic, turn-level GAE vs "
+                                            "verl's token-level GAE with gamma = lambda = 1 inside each turn",
+}
 # Settings that may change between invocations on one out_dir without making its finished runs stale.
-RESUMABLE_CHANGES = ("report_dir", "seeds", "extended", "estimate_iterations")
+RESUMABLE_CHANGES = ("report_dir", "measurements_dir", "seeds", "extended", "estimate_iterations")
 SFT_LABEL = "SFT (start)"
 CURVES_PNG = "results_learning_curves.png"
 INTERPRETATION_MD = "RESULTS_interpretation.md"
@@ -72,6 +88,8 @@ class StudyConfig:
     """Every run's checkpoints, metrics and results files."""
     report_dir: str = "docs"
     """Where RESULTS.md and its PNG are written (and the lead's RESULTS_interpretation.md is read)."""
+    measurements_dir: str = "docs/measurements/study"
+    """Where summary.json and copies of the runs' small results files (no checkpoints) are kept, to commit."""
     env: str = "alfworld"
     train_split: str = "gen_train"
     eval_splits: tuple[str, ...] = ("gen_test", "valid_seen")
@@ -80,6 +98,8 @@ class StudyConfig:
     eval_episodes: dict[str, int] = field(default_factory=lambda: {"valid_seen": 40})
     """Tasks played per held-out split: a fixed random subset, the same for every run. A split not named
     here plays all its tasks; names of splits not in eval_splits are ignored."""
+    eval_seeds: tuple[int, ...] = (0, 1)
+    """Every checkpoint plays every held-out game once per eval seed (env seed and sampling seeds)."""
     server_args: tuple[str, ...] = ()
     """Flags for the one env server of the study, e.g. ["--env-option", "alfworld.size=small"]."""
     seeds: tuple[int, ...] = (0, 1, 2)
@@ -92,6 +112,10 @@ class StudyConfig:
     sft_epochs: float = 1.0
     sft_lr: float = 2e-3
     sft_batch_turns: int = 32
+    sft_lr_decay: bool = False
+    """Decay the SFT learning rate linearly towards 0 (as DemoConfig)."""
+    sft_prompt_loss_weight: float = 0.0
+    """Also fit the prompt tokens at this weight (as DemoConfig; trainer_client.sft.sft)."""
     estimate_iterations: int = 2
     """RL iterations per algorithm that --estimate times."""
     rl: TrainConfig = field(default_factory=TrainConfig)
@@ -102,6 +126,8 @@ class StudyConfig:
             raise ValueError(f"seeds must be distinct and at least one, got {self.seeds}")
         if not self.eval_splits:
             raise ValueError("give at least one held-out split in eval_splits")
+        if not self.eval_seeds or len(set(self.eval_seeds)) != len(self.eval_seeds):
+            raise ValueError(f"eval_seeds must be distinct and at least one, got {self.eval_seeds}")
         if not all(isinstance(n, int) and n >= 0 for n in self.eval_episodes.values()):
             raise ValueError(f"eval_episodes must map splits to task counts >= 0, got {self.eval_episodes}")
         unknown = sorted(set(self.arm_overrides) - set(self.arms))
@@ -163,22 +189,30 @@ async def held_out_tasks(pool: EnvPool, cfg: StudyConfig) -> dict[str, HeldOut]:
     return held_out
 
 
-async def evaluate_policy(pool: EnvPool, policy: Policy, cfg: StudyConfig, tasks: Mapping[str, HeldOut],
-                          seed: int) -> dict[str, dict]:
-    """Held-out success per split and category at the eval temperature, in lock-step batches so that a
-    seed replays exactly."""
+async def evaluate_policy(pool: EnvPool, policy: Policy, cfg: StudyConfig,
+                          tasks: Mapping[str, HeldOut]) -> dict[str, dict]:
+    """Held-out success per split at the eval temperature, once per eval seed, with every episode's outcome.
+    The eval seeds are the study's, not the training seed's: every checkpoint of every seed plays the same
+    (game, eval seed) episodes, which is what makes the comparisons paired. Each episode samples from its own
+    seeded generator (trainer_client.evaluate), so a result does not depend on batching."""
     rollout = dataclasses.replace(cfg.rl.rollout, temperature=EVAL_TEMPERATURE, batch_wait_s=0.0)
     backend = TransformersBackend.from_policy(policy)
     results = {}
     for split, held_out in tasks.items():
-        torch.manual_seed(seed)
-        result = await evaluate(pool, backend, policy.tokenizer, cfg.env, split, held_out.task_ids, rollout,
-                                cfg.rl.prompt, seed=seed)
-        results[split] = result.as_dict() | {"tasks_played": len(held_out.task_ids), "split_tasks": held_out.split_tasks}
+        started, runs = time.perf_counter(), []
+        for eval_seed in cfg.eval_seeds:
+            torch.manual_seed(eval_seed)
+            result = await evaluate(pool, backend, policy.tokenizer, cfg.env, split, held_out.task_ids, rollout,
+                                    cfg.rl.prompt, seed=eval_seed)
+            runs.append({"seed": eval_seed, **result.as_dict()})
+        # The shape of a `limen-eval` results file: `runs` pools in evaluate.results_table as they are.
+        results[split] = {"env": cfg.env, "split": split, "tasks_played": len(held_out.task_ids),
+                          "split_tasks": held_out.split_tasks, "temperature": EVAL_TEMPERATURE,
+                          "seeds": list(cfg.eval_seeds), "seconds": time.perf_counter() - started, "runs": runs}
     return results
 
 
-async def with_missing_evaluations(pool: EnvPool, cfg: StudyConfig, tasks: Mapping[str, HeldOut], seed: int,
+async def with_missing_evaluations(pool: EnvPool, cfg: StudyConfig, tasks: Mapping[str, HeldOut],
                                    result_file: Path, policy_dir: Path) -> dict:
     """A finished step's results, plus the held-out splits it was not evaluated on because the server did not
     serve them then (e.g. valid_seen before ALFWORLD_DATA was set): evaluated now and written back."""
@@ -186,7 +220,7 @@ async def with_missing_evaluations(pool: EnvPool, cfg: StudyConfig, tasks: Mappi
     missing = {split: held_out for split, held_out in tasks.items() if split not in result["evaluations"]}
     if missing:
         policy = Policy.load(policy_dir)
-        result["evaluations"] |= await evaluate_policy(pool, policy, cfg, missing, seed)
+        result["evaluations"] |= await evaluate_policy(pool, policy, cfg, missing)
         write_json(result_file, result)
     return result
 
@@ -198,7 +232,7 @@ async def warm_start(pool: EnvPool, cfg: StudyConfig, seed: int, tasks: Mapping[
     out = seed_dir(cfg, seed)
     done = out / "sft.json"
     if done.is_file():
-        return await with_missing_evaluations(pool, cfg, tasks, seed, done, out / "sft")
+        return await with_missing_evaluations(pool, cfg, tasks, done, out / "sft")
     out.mkdir(parents=True, exist_ok=True)
     trained = out / "sft_train.json"   # the SFT itself, kept so that an interrupted evaluation does not redo it
     if trained.is_file() and (out / "sft").is_dir():
@@ -209,22 +243,25 @@ async def warm_start(pool: EnvPool, cfg: StudyConfig, seed: int, tasks: Mapping[
         train_ids = sorted(await pool.list_tasks(cfg.env, cfg.train_split))
         sft_ids = random.Random(seed).sample(train_ids, min(cfg.sft_episodes, len(train_ids)))
         experts = await expert_episodes(pool, cfg.env, cfg.train_split, sft_ids, seed)
+        expert_s = time.perf_counter() - started
         texts = [text for pair in expert_texts(experts, cfg.rl.prompt) for text in pair]
         policy = Policy.load(build_tiny_checkpoint(texts, out / "base", size=cfg.model_size, seed=seed))
         samples = expert_samples(policy.tokenizer, experts, cfg.rl.prompt)
-        expert_s = time.perf_counter() - started
+        model_s = time.perf_counter() - started - expert_s
         losses = sft(policy, samples, epochs=cfg.sft_epochs, lr=cfg.sft_lr, batch_turns=cfg.sft_batch_turns,
-                     seed=seed, console=console)
+                     lr_decay=cfg.sft_lr_decay, prompt_loss_weight=cfg.sft_prompt_loss_weight, seed=seed,
+                     console=console)
         policy.save(out / "sft")
         result = {
             "seed": seed, "expert_episodes": len(experts), "expert_won": sum(e.won for e in experts),
             "turn_samples": len(samples), "loss_first": losses[0], "loss_last": losses[-1],
             "parameters": sum(p.numel() for p in policy.model.parameters()), "vocabulary": len(policy.tokenizer),
-            "seconds": {"expert_and_model": expert_s, "sft": time.perf_counter() - started - expert_s},
+            "seconds": {"expert_play": expert_s, "tokenizer_and_model": model_s,
+                        "sft": time.perf_counter() - started - expert_s - model_s},
         }
         write_json(trained, result)
     started = time.perf_counter()
-    result = result | {"evaluations": await evaluate_policy(pool, policy, cfg, tasks, seed)}
+    result = result | {"evaluations": await evaluate_policy(pool, policy, cfg, tasks)}
     result["seconds"] = result["seconds"] | {"eval": time.perf_counter() - started}
     write_json(done, result)
     return result
@@ -237,14 +274,14 @@ async def run_arm(pool: EnvPool, server: str, cfg: StudyConfig, seed: int, arm: 
     run_dir = run_dir or seed_dir(cfg, seed) / arm
     done = run_dir / "results.json"
     if done.is_file():
-        return await with_missing_evaluations(pool, cfg, tasks, seed, done, latest_checkpoint(run_dir) / "policy")
+        return await with_missing_evaluations(pool, cfg, tasks, done, latest_checkpoint(run_dir) / "policy")
     rl = arm_config(cfg, arm, seed, str(seed_dir(cfg, seed) / "sft"), server, str(run_dir))
     rl = dataclasses.replace(rl, iterations=iterations or rl.iterations)
     started = time.perf_counter()
     await train(rl, resume=True, console=console)   # resume: a no-op for a new run dir
     train_s = time.perf_counter() - started
     policy = Policy.load(latest_checkpoint(run_dir) / "policy")
-    evaluations = await evaluate_policy(pool, policy, cfg, tasks, seed)
+    evaluations = await evaluate_policy(pool, policy, cfg, tasks)
     _, rows = read_run(str(run_dir))
     timed = [row for row in rows if "time/iteration" in row]
     result = {
@@ -287,16 +324,24 @@ def prepare_out_dir(cfg: StudyConfig) -> Path:
     return out
 
 
-async def run_study(cfg: StudyConfig, console: Console) -> None:
-    out = Path(cfg.out_dir)
-    async with local_env_server([cfg.env], cfg.server_args, log_file=out / "env_server.log") as address, \
-            EnvPool([address]) as pool:
+def study_env_server(cfg: StudyConfig) -> AbstractAsyncContextManager[str]:
+    """The study's one env server. ALFWorld's handcoded expert searches in set order, which follows the hash
+    seed: fixed (as in the demo), so that the expert play behind each SFT start is the same on a rerun."""
+    return local_env_server([cfg.env], cfg.server_args, log_file=Path(cfg.out_dir) / "env_server.log",
+                            extra_env={"PYTHONHASHSEED": "0"})
+
+
+async def run_study(cfg: StudyConfig, console: Console, seed_done: Callable[[int], None] | None = None) -> None:
+    """Every seed in turn: its SFT start, then every arm; `seed_done(seed)` after each seed's last arm."""
+    async with study_env_server(cfg) as address, EnvPool([address]) as pool:
         tasks = await held_out_tasks(pool, cfg)
         for seed in cfg.seeds:
             await warm_start(pool, cfg, seed, tasks, console)
             for arm in cfg.arms:
                 console.rule(f"seed {seed}: {arm}")
                 await run_arm(pool, address, cfg, seed, arm, tasks, console)
+            if seed_done:
+                seed_done(seed)
 
 
 # ---- the dry estimate ------------------------------------------------------------------------------------
@@ -321,8 +366,7 @@ async def estimate(cfg: StudyConfig, console: Console) -> dict:
     out_dir/_estimate, removed after), then project the study's total."""
     out = Path(cfg.out_dir)
     scratch = out / "_estimate"
-    async with local_env_server([cfg.env], cfg.server_args, log_file=out / "env_server.log") as address, \
-            EnvPool([address]) as pool:
+    async with study_env_server(cfg) as address, EnvPool([address]) as pool:
         tasks = await held_out_tasks(pool, cfg)
         seed = cfg.seeds[0]
         sft_result = await warm_start(pool, cfg, seed, tasks, console)
@@ -341,12 +385,12 @@ async def estimate(cfg: StudyConfig, console: Console) -> dict:
     return report
 
 
-# ---- the report (pure, from results files) --------------------------------------------------------------------
+# ---- the summary and the report (pure, from results files) ----------------------------------------------------
 
 
 @dataclass(frozen=True)
 class StudyResults:
-    """Everything RESULTS.md says, as read from the results files."""
+    """Everything RESULTS.md and summary.json say, as read from the results files."""
 
     cfg: StudyConfig
     sft: dict[int, dict]                     # seed -> sft.json
@@ -368,29 +412,226 @@ def read_results(cfg: StudyConfig) -> StudyResults:
     return StudyResults(cfg, sft, runs, curves)
 
 
-def success_points(evaluation: Mapping) -> float:
-    return 100.0 * evaluation["success"]
+def finished_seeds(results: StudyResults) -> list[int]:
+    """Seeds whose SFT start and every arm have finished."""
+    return [seed for seed in results.cfg.seeds
+            if seed in results.sft and all(seed in results.runs.get(arm, {}) for arm in results.cfg.arms)]
 
 
-def success_by_label(results: StudyResults, split: str) -> dict[str, list[float]]:
-    """{row label: held-out success in % per seed} on one split, the SFT start first."""
-    rows = {SFT_LABEL: [success_points(s["evaluations"][split]) for s in results.sft.values() if split in s["evaluations"]]}
-    for arm, by_seed in results.runs.items():
-        rows[arm] = [success_points(r["evaluations"][split]) for r in by_seed.values() if split in r["evaluations"]]
-    return {label: values for label, values in rows.items() if values}
+def seed_success(evaluation: Mapping) -> float:
+    """One checkpoint's held-out success on a split: the mean over its eval seeds (each over the same games)."""
+    return statistics.fmean(run["success"] for run in evaluation["runs"])
 
 
-def table_files(results: StudyResults, split: str) -> list[dict]:
-    """The held-out results in the shape `evaluate.results_table` pools (one file per label)."""
-    def file(label: str, evaluations: list[dict]) -> dict:
-        first = evaluations[0]
-        return {"label": label, "env": first["env"], "split": split, "runs": evaluations,
-                "temperature": EVAL_TEMPERATURE, "tasks_played": first["tasks_played"],
-                "split_tasks": first["split_tasks"]}
+def game_outcomes(by_seed: Mapping[int, Mapping], split: str, category: str | None = None) -> dict[tuple, float]:
+    """{(task id, (training seed, eval seed)): 1.0 won, 0.0 lost}: every episode one label played on `split`
+    (of one task category, or all). Dropped episodes are absent, so a pairing leaves them out on both sides.
+    The training seed joins the eval seed in the key's second place, so trainer_client.paired averages a
+    game over both."""
+    outcomes = {}
+    for seed, result in by_seed.items():
+        if split not in result["evaluations"]:
+            continue
+        runs = [{"outcomes": [o for o in run["outcomes"] if category is None or o["category"] == category]}
+                for run in result["evaluations"][split]["runs"]]
+        outcomes |= {(task_id, (seed, eval_seed)): won for (task_id, eval_seed), won in outcome_values(runs).items()}
+    return outcomes
 
-    files = [file(SFT_LABEL, [s["evaluations"][split] for s in results.sft.values() if split in s["evaluations"]])]
-    files += [file(arm, [r["evaluations"][split] for r in by_seed.values()]) for arm, by_seed in results.runs.items()]
-    return [f for f in files if f["runs"]]
+
+def paired(a: Mapping[int, Mapping], b: Mapping[int, Mapping], split: str, category: str | None = None) -> dict | None:
+    """Success of `a` minus `b` on the episodes both played (same training seed, eval seed and game), with a
+    95 % interval; None when they share no episode.
+
+    Pooling: a game's gain is its mean over every (training seed, eval seed) pair both played; the interval
+    is a bootstrap over games (trainer_client.paired.paired_gain), the unit that was sampled. The training
+    seeds are held fixed, so the interval covers game and sampling noise given these seeds' SFT starts; the
+    seed-to-seed spread is reported beside it (held_out_std)."""
+    seeds = a.keys() & b.keys()
+    a_games = game_outcomes({s: a[s] for s in seeds}, split, category)
+    b_games = game_outcomes({s: b[s] for s in seeds}, split, category)
+    if not a_games.keys() & b_games.keys():
+        return None
+    gain = paired_compare(before=b_games, after=a_games)
+    return {"gain": gain.gain, "ci95": [gain.lo, gain.hi], "games": gain.games, "episodes": gain.episodes,
+            "seeds": sorted(seeds)}
+
+
+def mean_or_none(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def arm_summary(runs: Mapping[int, Mapping], sft: Mapping[int, Mapping], split: str) -> dict | None:
+    """One arm on one split, over the training seeds where both it and its SFT start were evaluated there."""
+    seeds = sorted(s for s in runs.keys() & sft.keys()
+                   if split in runs[s]["evaluations"] and split in sft[s]["evaluations"])
+    if not seeds:
+        return None
+    held_out = [seed_success(runs[s]["evaluations"][split]) for s in seeds]
+    mean, std = mean_std(held_out)
+    timed = [runs[s]["time_per_iteration"] for s in seeds if runs[s].get("time_per_iteration")]
+    gain = paired({s: runs[s] for s in seeds}, {s: sft[s] for s in seeds}, split)
+    return {"seeds": seeds, "held_out_mean": mean, "held_out_std": std, "held_out_by_seed": held_out,
+            "sft_mean": statistics.fmean(seed_success(sft[s]["evaluations"][split]) for s in seeds),
+            "gain": gain["gain"] if gain else None, "gain_ci95": gain["ci95"] if gain else None,
+            "episode_pairs": gain["episodes"] if gain else 0,
+            "seconds_per_iteration": mean_or_none([t["iteration"] for t in timed]),
+            "seconds_per_stage": {stage: statistics.fmean(t[stage] for t in timed) for stage in timed[0]} if timed else {},
+            "wall_seconds": {part: statistics.fmean(runs[s]["seconds"][part] for s in seeds) for part in runs[seeds[0]]["seconds"]}}
+
+
+def comparisons_of(arms: Iterable[str]) -> list[tuple[str, str, str]]:
+    """(a, b, what a - b measures): boundary against each baseline, then the ablations not among those."""
+    arms = list(arms)
+    pairs = [("boundary", rival) for rival in arms if rival != "boundary"]
+    pairs += [pair for pair in ABLATIONS if pair not in pairs]
+    return [(a, b, ABLATIONS.get((a, b), "the method against a baseline")) for a, b in pairs if a in arms and b in arms]
+
+
+def split_summary(results: StudyResults, split: str) -> dict:
+    """summary.json's numbers for one held-out split."""
+    sft = {s: r for s, r in results.sft.items() if split in r["evaluations"]}
+    arms = {arm: summary for arm, by_seed in results.runs.items()
+            if (summary := arm_summary(by_seed, sft, split)) is not None}
+    starts = [seed_success(r["evaluations"][split]) for r in sft.values()]
+    games = {r["evaluations"][split]["tasks_played"] for r in sft.values()}
+    comparisons, categories = {}, sorted(categories_of(results, split))
+    for a, b, why in comparisons_of(arms):
+        gain = paired(results.runs[a], results.runs[b], split)
+        if gain:
+            by_category = {category: paired(results.runs[a], results.runs[b], split, category)
+                           for category in categories}
+            comparisons[f"{a} vs {b}"] = gain | {"a": a, "b": b, "measures": why, "by_category": by_category}
+    return {"split": split, "games": max(games) if games else 0, "sft": {
+        "seeds": sorted(sft), "held_out_mean": mean_or_none(starts),
+        "held_out_std": mean_std(starts)[1] if starts else None, "held_out_by_seed": starts,
+        "wall_seconds": {part: statistics.fmean(r["seconds"].get(part, 0.0) for r in sft.values())
+                         for part in (next(iter(sft.values()))["seconds"] if sft else {})}},
+        "arms": arms, "comparisons": comparisons}
+
+
+def categories_of(results: StudyResults, split: str) -> set[str]:
+    return {o["category"] for by_seed in [results.sft, *results.runs.values()] for r in by_seed.values()
+            if split in r["evaluations"] for run in r["evaluations"][split]["runs"] for o in run["outcomes"]}
+
+
+def pooling_text() -> str:
+    """How `paired` pools seeds, from its docstring (one text for summary.json and RESULTS.md)."""
+    return paired.__doc__.split("\n\n", 1)[1].split("\n\n")[0].replace("\n    ", " ").strip().removeprefix("Pooling: ")
+
+
+def study_summary(results: StudyResults, command: str) -> dict:
+    """summary.json: the primary split's numbers at the top (per arm: held_out_mean and _std over training
+    seeds, sft_mean, gain_ci95 [lo, hi] of the paired gain over the seed's SFT start, seconds_per_iteration),
+    the paired comparisons between arms, and the other held-out splits under `other_splits`. Success is a
+    fraction in [0, 1]; gains are differences of fractions."""
+    cfg = results.cfg
+    primary, *others = cfg.eval_splits
+    return {"generated_by": command, "env": cfg.env, "eval_seeds": list(cfg.eval_seeds),
+            "seeds": finished_seeds(results), "seeds_planned": list(cfg.seeds), "iterations": cfg.rl.iterations,
+            "episodes_per_iteration": cfg.rl.episodes_per_iteration,
+            "pooling": pooling_text(),
+            **split_summary(results, primary),
+            "other_splits": {split: split_summary(results, split) for split in others}}
+
+
+# ---- RESULTS.md --------------------------------------------------------------------------------------------------
+
+
+def points(fraction: float | None, sign: bool = False) -> str:
+    if fraction is None:
+        return "–"
+    return f"{100 * fraction:+.1f}" if sign else f"{100 * fraction:.1f}"
+
+
+def interval_text(gain: Mapping | None) -> str:
+    """A paired gain ({"gain", "ci95"}) as '+3.2 [-0.4, +6.8]', in points."""
+    if not gain or gain.get("ci95") is None:
+        return "–"
+    low, high = gain["ci95"]
+    return f"{points(gain['gain'], True)} [{points(low, True)}, {points(high, True)}]"
+
+
+def verdict(a: str, b: str, gain: Mapping | None) -> str:
+    """Which side the paired 95 % interval puts ahead, if any."""
+    if not gain:
+        return f"{a} vs {b}: not measured"
+    low, high = gain["ci95"]
+    if low > 0:
+        head = f"**{a} beats {b}**"
+    elif high < 0:
+        head = f"**{b} beats {a}**"
+    else:
+        head = f"**no difference resolved** between {a} and {b} (the interval holds 0)"
+    return f"{head}: {interval_text(gain)} points, paired on {gain['episodes']} episodes ({gain['games']} games)"
+
+
+def answer_lines(summary: Mapping) -> list[str]:
+    """The plain answers, computed from summary.json: boundary against each baseline, which ablation carries a
+    difference, the time it costs, and where boundary is not ahead."""
+    comparisons, arms = summary["comparisons"], summary["arms"]
+    if "boundary" not in arms:
+        return ["No boundary run has finished yet."]
+    lines = []
+    for key, gain in comparisons.items():
+        if gain["a"] == "boundary":
+            lines.append(f"Boundary against {gain['b']}: " + verdict("boundary", gain["b"], gain) + ".")
+    for (a, b), why in ABLATIONS.items():
+        gain = comparisons.get(f"{a} vs {b}")
+        if gain:
+            lines.append(f"{why[0].upper()}{why[1:]} ({a} vs {b}): " + verdict(a, b, gain) + ".")
+    readout, credit = comparisons.get("boundary vs ppo_critic_turn"), comparisons.get("ppo_critic_turn vs ppo_critic_verl")
+    if readout and credit:
+        resolved = [name for name, gain in (("the shared readout", readout), ("turn-level credit", credit))
+                    if gain["ci95"][0] > 0 or gain["ci95"][1] < 0]
+        lines.append("What carries the difference: " + (" and ".join(resolved) if resolved else
+                     "neither ablation resolves a difference at this size") + ".")
+    base = arms["boundary"].get("seconds_per_iteration")
+    costs = [f"{arm} {arms[arm]['seconds_per_iteration'] / base:.2f}x" for arm in arms
+             if arm != "boundary" and base and arms[arm].get("seconds_per_iteration")]
+    if costs:
+        lines.append(f"Cost in time: boundary's iteration took {base:.1f} s; each baseline's, relative to it: "
+                     + ", ".join(costs) + ".")
+    behind = []
+    for key, gain in comparisons.items():
+        if gain["a"] != "boundary":
+            continue
+        where = [category for category, by in gain["by_category"].items() if by and by["ci95"][0] <= 0]
+        if where:
+            behind.append(f"against {gain['b']} in {', '.join(where)}")
+    if behind:
+        lines.append("Where boundary is not resolved ahead (per task category, paired interval holds 0 or lies "
+                     "below): " + "; ".join(behind) + ".")
+    return lines
+
+
+def gains_table(split_summary_: Mapping) -> str:
+    """Per arm: held-out success, its SFT start, the paired gain with its interval, time."""
+    lines = ["| Method | seeds | held-out % (mean ± std over seeds) | SFT start % | paired gain over SFT, points [95 % CI] "
+             "| s / iteration | RL min / run | eval min / run |", "|---|---|---|---|---|---|---|---|"]
+    for arm, s in split_summary_["arms"].items():
+        held = points(s["held_out_mean"]) + (f" ± {points(s['held_out_std'])}" if s["held_out_std"] is not None else "")
+        per_iteration = f"{s['seconds_per_iteration']:.2f}" if s["seconds_per_iteration"] else "–"
+        wall = s["wall_seconds"]
+        lines.append(f"| {arm} | {len(s['seeds'])} | {held} | {points(s['sft_mean'])} | "
+                     f"{interval_text({'gain': s['gain'], 'ci95': s['gain_ci95']})} | "
+                     f"{per_iteration} | {wall.get('train', 0) / 60:.1f} | {wall.get('eval', 0) / 60:.1f} |")
+    return "\n".join(lines)
+
+
+def comparisons_table(split_summary_: Mapping) -> str:
+    """Each paired comparison, overall and per task category."""
+    comparisons = split_summary_["comparisons"]
+    categories = sorted({c for gain in comparisons.values() for c in gain["by_category"]})
+    lines = ["| a vs b | all games | " + " | ".join(categories) + " |", "|---|---|" + "---|" * len(categories)]
+    for key, gain in comparisons.items():
+        lines.append(f"| {key} | {interval_text(gain)} | "
+                     + " | ".join(interval_text(gain["by_category"].get(c)) for c in categories) + " |")
+    return "\n".join(lines)
+
+
+def iteration_seconds(results: StudyResults, stage: str = "iteration") -> dict[str, list[float]]:
+    return {arm: [r["time_per_iteration"][stage] for r in by_seed.values() if r["time_per_iteration"]]
+            for arm, by_seed in results.runs.items()}
 
 
 def mean_std_text(values: Sequence[float], digits: int = 1) -> str:
@@ -398,66 +639,6 @@ def mean_std_text(values: Sequence[float], digits: int = 1) -> str:
         return "–"
     mean, std = mean_std(values)
     return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
-def compare(a: Sequence[float], b: Sequence[float]) -> tuple[float, bool]:
-    """(mean(a) - mean(b), whether that gap exceeds the seed-to-seed std of both; never with one seed)."""
-    (mean_a, std_a), (mean_b, std_b) = mean_std(a), mean_std(b)
-    gap = mean_a - mean_b
-    return gap, std_a is not None and std_b is not None and abs(gap) > max(std_a, std_b)
-
-
-def gap_sentence(name_a: str, a: Sequence[float], name_b: str, b: Sequence[float]) -> str:
-    gap, clear = compare(a, b)
-    if len(a) < 2 or len(b) < 2:
-        verdict = "one seed only: no std to judge it by"
-    else:
-        verdict = "larger than the seed-to-seed std of both" if clear else "within the seed-to-seed std"
-    return f"{name_a} {mean_std_text(a)} vs {name_b} {mean_std_text(b)}: {gap:+.1f} points ({verdict})"
-
-
-def what_happened(results: StudyResults, split: str) -> list[str]:
-    """Bullet sentences computed from the numbers: the ranking, the gain over SFT, the claim, the ablation."""
-    by_label = success_by_label(results, split)
-    arms = {label: values for label, values in by_label.items() if label != SFT_LABEL}
-    if not arms:
-        return ["No RL run has finished yet."]
-    ranked = sorted(arms, key=lambda label: mean_std(arms[label])[0], reverse=True)
-    lines = [f"Mean held-out success on {split}, best first (%): "
-             + ", ".join(f"{label} {mean_std(arms[label])[0]:.1f}" for label in ranked) + "."]
-    if len(ranked) > 1:
-        lines.append("Best against runner-up: " + gap_sentence(ranked[0], arms[ranked[0]], ranked[1], arms[ranked[1]]) + ".")
-    if SFT_LABEL in by_label:
-        start = mean_std(by_label[SFT_LABEL])[0]
-        gains = ", ".join(f"{label} {mean_std(arms[label])[0] - start:+.1f}" for label in ranked)
-        lines.append(f"Change from the SFT start ({start:.1f}), in points: {gains}.")
-    if "boundary" in arms:
-        rivals = [label for label in ("ppo_critic_verl", "ppo_critic_turn", "grpo") if label in arms]
-        beaten = [label for label in rivals if compare(arms["boundary"], arms[label])[1] and
-                  compare(arms["boundary"], arms[label])[0] > 0]
-        lines.append("The claim (boundary beats PPO with a separate critic and GRPO): "
-                     + (f"boundary is clearly ahead of {', '.join(beaten)}" if beaten else "boundary is clearly ahead of none")
-                     + (f"; not clearly ahead of {', '.join(r for r in rivals if r not in beaten)}" if len(beaten) < len(rivals) else "")
-                     + ".")
-    if {"boundary", "ppo_critic_turn"} <= arms.keys():
-        lines.append("Shared readout (boundary vs ppo_critic_turn: the same turn-level GAE and batch normalization; "
-                     "V from the policy's own two rows vs from a separate critic): "
-                     + gap_sentence("boundary", arms["boundary"], "ppo_critic_turn", arms["ppo_critic_turn"]) + ".")
-    if {"ppo_critic_turn", "ppo_critic_verl"} <= arms.keys():
-        lines.append("Turn-level credit (ppo_critic_turn vs ppo_critic_verl: the same separate critic; turn-level "
-                     "GAE vs verl's token-level GAE with gamma = lambda = 1 inside each turn): "
-                     + gap_sentence("ppo_critic_turn", arms["ppo_critic_turn"], "ppo_critic_verl",
-                                    arms["ppo_critic_verl"]) + ".")
-    times = iteration_seconds(results)
-    if {"boundary", "ppo_critic_turn"} <= times.keys():
-        ratio = mean_std(times["boundary"])[0] / mean_std(times["ppo_critic_turn"])[0]
-        lines.append(f"Time per iteration, boundary / ppo_critic_turn: {ratio:.3f}.")
-    return lines
-
-
-def iteration_seconds(results: StudyResults, stage: str = "iteration") -> dict[str, list[float]]:
-    return {arm: [r["time_per_iteration"][stage] for r in by_seed.values() if r["time_per_iteration"]]
-            for arm, by_seed in results.runs.items()}
 
 
 def time_table(results: StudyResults) -> str:
@@ -469,13 +650,43 @@ def time_table(results: StudyResults) -> str:
     return "\n".join(lines)
 
 
+def stage_table(results: StudyResults) -> str:
+    """Wall time of every stage of the study, minutes, mean ± std over seeds."""
+    lines = ["| Stage | minutes per seed | seeds |", "|---|---|---|"]
+    sft_parts = list(dict.fromkeys(part for s in results.sft.values() for part in s["seconds"]))   # in stage order
+    for part in sft_parts:
+        values = [s["seconds"][part] / 60 for s in results.sft.values() if part in s["seconds"]]
+        lines.append(f"| SFT start: {part} | {mean_std_text(values)} | {len(values)} |")
+    for arm, by_seed in results.runs.items():
+        for part in ("train", "eval"):
+            values = [r["seconds"][part] / 60 for r in by_seed.values()]
+            lines.append(f"| {arm}: {'RL' if part == 'train' else 'evaluation'} | {mean_std_text(values)} | {len(values)} |")
+    return "\n".join(lines)
+
+
+def table_files(results: StudyResults, split: str) -> list[dict]:
+    """The held-out results in the shape `evaluate.results_table` pools (one file per label; a file's runs are
+    every (training seed, eval seed) evaluation of that label)."""
+    def file(label: str, evaluations: list[dict]) -> dict:
+        first = evaluations[0] if evaluations else {}
+        return {"label": label, "env": first.get("env"), "split": split, "temperature": EVAL_TEMPERATURE,
+                "runs": [run for e in evaluations for run in e["runs"]], "tasks_played": first.get("tasks_played"),
+                "split_tasks": first.get("split_tasks")}
+
+    files = [file(SFT_LABEL, [s["evaluations"][split] for s in results.sft.values() if split in s["evaluations"]])]
+    files += [file(arm, [r["evaluations"][split] for r in by_seed.values() if split in r["evaluations"]])
+              for arm, by_seed in results.runs.items()]
+    return [f for f in files if f["runs"]]
+
+
 def runs_table(results: StudyResults, splits: Sequence[str]) -> str:
     """Every run's own numbers, one row per (label, seed): what the tables above are computed from."""
-    lines = ["| Method | seed | " + " | ".join(f"{s} success %" for s in splits) + " | s / iteration | results file |",
-             "|---|---|" + "---|" * (len(splits) + 2)]
+    lines = ["| Method | seed | " + " | ".join(f"{s} success % (per eval seed)" for s in splits)
+             + " | s / iteration | results file |", "|---|---|" + "---|" * (len(splits) + 2)]
 
     def cells(evaluations: Mapping) -> str:
-        return " | ".join(f"{success_points(evaluations[s]):.1f}" if s in evaluations else "–" for s in splits)
+        return " | ".join(" / ".join(points(run["success"]) for run in evaluations[s]["runs"])
+                          if s in evaluations else "–" for s in splits)
 
     for seed, s in sorted(results.sft.items()):
         lines.append(f"| {SFT_LABEL} | {seed} | {cells(s['evaluations'])} | – | seed_{seed}/sft.json |")
@@ -490,14 +701,17 @@ def setting_lines(results: StudyResults) -> list[str]:
     cfg, rl = results.cfg, results.cfg.rl
     lines = [f"- Env: **{cfg.env}**, server flags `{shlex.join(cfg.server_args) or '(none)'}`; training split "
              f"`{cfg.train_split}`; held-out: "
-             + ", ".join(f"`{split}` ({cfg.eval_episodes.get(split) or 'all'} tasks)" for split in cfg.eval_splits)
-             + f", the same tasks for every run, T = {EVAL_TEMPERATURE}.",
+             + ", ".join(f"`{split}` ({cfg.eval_episodes.get(split) or 'all'} games)" for split in cfg.eval_splits)
+             + f", the same games for every checkpoint, each played once per eval seed ({', '.join(map(str, cfg.eval_seeds))}) "
+             f"at T = {EVAL_TEMPERATURE}.",
              f"- Seeds: {', '.join(map(str, cfg.seeds))}. Each seed builds its own tokenizer and tiny model "
              f"(`{cfg.model_size}`) and one SFT checkpoint that every algorithm of the seed starts from."]
     if results.sft:
         first = next(iter(results.sft.values()))
         lines.append(f"- Model: {first['parameters'] / 1e6:.2f}M parameters, vocabulary {first['vocabulary']}. SFT: "
-                     f"{cfg.sft_episodes} expert episodes, {cfg.sft_epochs:g} epoch(s) at lr {cfg.sft_lr:g} in batches of {cfg.sft_batch_turns} turns (final loss "
+                     f"{cfg.sft_episodes} expert episodes, {cfg.sft_epochs:g} epoch(s) at lr {cfg.sft_lr:g}"
+                     f"{' decaying' if cfg.sft_lr_decay else ''} in batches of {cfg.sft_batch_turns} turns, prompt-loss "
+                     f"weight {cfg.sft_prompt_loss_weight:g} (final loss "
                      + ", ".join(f"{s['loss_last']:.3f}" for s in results.sft.values()) + " per seed).")
     lines.append(f"- RL, equal for every algorithm: {rl.iterations} iterations x {rl.episodes_per_iteration} episodes "
                  f"(boundary and PPO: N tasks x 1; group methods: N/8 tasks x 8), actor lr {rl.optim.lr:g}, value-row "
@@ -508,7 +722,7 @@ def setting_lines(results: StudyResults) -> list[str]:
     return lines
 
 
-def render_results(results: StudyResults, command: str, interpretation: str | None) -> str:
+def render_results(results: StudyResults, summary: Mapping, command: str, interpretation: str | None) -> str:
     cfg = results.cfg
     primary = cfg.eval_splits[0]
     expected = {(arm, seed) for arm in cfg.arms for seed in cfg.seeds}
@@ -516,45 +730,112 @@ def render_results(results: StudyResults, command: str, interpretation: str | No
     seconds = sum(sum(s["seconds"].values()) for s in results.sft.values()) + \
         sum(sum(r["seconds"].values()) for by_seed in results.runs.values() for r in by_seed.values())
     out = ["# Learning study: results", "",
-           f"Generated by `{command}` from the results files under `{cfg.out_dir}`; do not edit by hand. "
-           f"Measured on this CPU (see BENCHMARKS.md for the machine). Wall time of the runs reported here: "
-           f"{seconds / 60:.1f} min.", ""]
+           f"Generated by `{command}` from the results files under `{cfg.out_dir}` (copies and `summary.json` in "
+           f"`{cfg.measurements_dir}`); do not edit by hand. Measured on this CPU (see BENCHMARKS.md for the "
+           f"machine). Wall time of the runs reported here: {seconds / 3600:.2f} h.", ""]
     if len(cfg.seeds) < 3:
         out += [f"> **Preliminary**: {len(cfg.seeds)} seed(s); the study calls for at least 3.", ""]
     if missing:
         out += ["> **Incomplete**: not finished yet: " + ", ".join(f"{arm} seed {seed}" for arm, seed in missing), ""]
-    out += ["## Setting", "", *setting_lines(results), ""]
+    out += ["## Setting", "", *setting_lines(results), "",
+            f"## The answer, on `{primary}`", "",
+            "Every comparison is paired: the same games, eval seeds and training seeds (each arm starts from its "
+            "seed's SFT checkpoint). Intervals are 95 % bootstrap intervals over games; " + summary["pooling"], ""]
+    out += [f"- {line}" for line in answer_lines(summary)]
+    for split_summary_ in [summary, *summary["other_splits"].values()]:
+        split = split_summary_["split"]
+        out += ["", f"## Gain over the SFT start and between arms, `{split}` ({split_summary_['games']} games)", ""]
+        if not split_summary_["arms"]:
+            out += ["Not evaluated (the env server does not serve this split), or no run has finished."]
+            continue
+        out += [gains_table(split_summary_), "", "Paired differences in points, a minus b [95 % CI], on all games "
+                "and per task category:", "", comparisons_table(split_summary_)]
     for split in cfg.eval_splits:
         files = table_files(results, split)
-        out += [f"## Held-out success on `{split}`", ""]
-        out += [results_table(files), ""] if files else ["Not evaluated: the env server does not serve this split.", ""]
-    out += ["## Learning curves", "", f"![learning curves]({CURVES_PNG})", "",
+        out += ["", f"## Held-out success per category on `{split}`", ""]
+        out += [results_table(files)] if files else ["Not evaluated: the env server does not serve this split."]
+    out += ["", "## Learning curves", "", f"![learning curves]({CURVES_PNG})", "",
             "Training-rollout success per iteration (T = 1.0), mean ± std over seeds; held-out success where the "
             "runs evaluated during training.", "",
             "## Time per iteration and its parts", "",
             "Seconds, mean ± std over seeds of each run's mean iteration (stage names as in verl's timing_raw).", "",
             time_table(results), "",
-            "## What happened", "",
-            "Computed from the numbers above (a gap counts as clear when it is larger than the seed-to-seed std "
-            "of both sides).", ""]
-    out += [f"- {line}" for line in what_happened(results, primary)]
-    out += ["", "## Interpretation (the lead's)", ""]
+            "## Wall time per stage", "", stage_table(results), "",
+            "## Interpretation (the lead's)", ""]
     out += [interpretation.strip()] if interpretation else [
         f"> _Not written yet: put it in `{cfg.report_dir}/{INTERPRETATION_MD}`; the next report includes it here._"]
     out += ["", "## Every run", "", runs_table(results, cfg.eval_splits), ""]
     return "\n".join(out)
 
 
-def write_report(cfg: StudyConfig, command: str) -> Path:
+def export_measurements(cfg: StudyConfig) -> Path:
+    """Copy the runs' small files (results, metrics, configs; no checkpoints) into measurements_dir, replacing
+    the seed folders there, so that what is committed is exactly the study in out_dir."""
+    out, target = Path(cfg.out_dir), Path(cfg.measurements_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    if out.resolve() == target.resolve():
+        return target
+    for old in target.glob("seed_*"):
+        shutil.rmtree(old)
+    shutil.copy2(out / "study.yaml", target / "study.yaml")
+    for seed in cfg.seeds:
+        for name in ("sft.json", "sft_train.json"):
+            source = seed_dir(cfg, seed) / name
+            if source.is_file():
+                (target / source.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, target / source.relative_to(out))
+        for arm in cfg.arms:
+            run_dir = seed_dir(cfg, seed) / arm
+            if (run_dir / "results.json").is_file():
+                (target / run_dir.relative_to(out)).mkdir(parents=True, exist_ok=True)
+                for name in ("results.json", "metrics.jsonl", "config.yaml"):
+                    shutil.copy2(run_dir / name, target / run_dir.relative_to(out) / name)
+    return target
+
+
+def write_report(cfg: StudyConfig, command: str) -> list[Path]:
+    """RESULTS.md, its PNG, summary.json and the measurement copies; returns the paths written."""
     results = read_results(cfg)
     report_dir = Path(cfg.report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
+    written = []
     if results.curves:
-        plot_curves(results.curves, report_dir / CURVES_PNG)
+        written.append(plot_curves(results.curves, report_dir / CURVES_PNG))
+    measurements = export_measurements(cfg) if (Path(cfg.out_dir) / "study.yaml").is_file() else Path(cfg.measurements_dir)
+    measurements.mkdir(parents=True, exist_ok=True)
+    summary = study_summary(results, command)
+    (measurements / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     notes = report_dir / INTERPRETATION_MD
     path = report_dir / "RESULTS.md"
-    path.write_text(render_results(results, command, notes.read_text() if notes.is_file() else None))
-    return path
+    path.write_text(render_results(results, summary, command, notes.read_text() if notes.is_file() else None))
+    return [path, *written, measurements]
+
+
+def commit(paths: Sequence[Path], message: str, attempts: int = 30) -> bool:
+    """`git add` then `git commit -- paths` in the repository that holds them: only these paths, whatever else
+    is staged or changed in the work tree. False when nothing changed. Waits out another process's index lock."""
+    top = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=paths[0].resolve().parent, check=True,
+                              capture_output=True, text=True).stdout.strip())
+    names = [str(p.resolve().relative_to(top)) for p in paths]
+    for attempt in range(attempts):
+        if (top / ".git" / "index.lock").exists():
+            time.sleep(2)
+            continue
+        add = subprocess.run(["git", "add", "--", *names], cwd=top, capture_output=True, text=True)
+        if add.returncode == 0:
+            if subprocess.run(["git", "diff", "--cached", "--quiet", "--", *names], cwd=top).returncode == 0:
+                return False
+            done = subprocess.run(["git", "commit", "-q", "-m", message, "--", *names], cwd=top,
+                                  capture_output=True, text=True)
+            if done.returncode == 0:
+                return True
+            error = done.stderr
+        else:
+            error = add.stderr
+        if "index.lock" not in error:
+            raise RuntimeError(f"git in {top} failed: {error.strip()}")
+        time.sleep(2)
+    raise RuntimeError(f"git in {top}: the index stayed locked for {attempts} attempts")
 
 
 # ---- CLI ------------------------------------------------------------------------------------------------------
@@ -567,12 +848,16 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--estimate", action="store_true", help="time SFT and a few iterations per arm, project the total")
     mode.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from the results files")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    parser.add_argument("--commit", action="store_true",
+                        help="after each finished seed, git-commit summary.json, the results copies and RESULTS.md")
     parser.add_argument("overrides", nargs="*", help="key=value, e.g. seeds=[0] rl.iterations=4")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         cfg = configuration.load(StudyConfig, args.config, args.overrides)
     except (configuration.ConfigError, ValueError) as error:
         parser.error(str(error))
+    if args.commit and args.estimate:
+        parser.error("--commit publishes finished seeds; --estimate finishes none")
     if not args.report_only:
         try:
             prepare_out_dir(cfg)
@@ -589,9 +874,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key:28s} {seconds / 60:8.1f} min")
         print(f"estimated study time: {projected['total'] / 3600:.2f} h ({len(cfg.seeds)} seeds x {len(cfg.arms)} arms)")
         return 0
+
+    def publish(seed: int | None) -> None:
+        """Regenerate the report from every finished run; with --commit, commit it (nothing new: no commit)."""
+        paths = write_report(cfg, command)
+        print(f"report: {paths[0]}, summary: {Path(cfg.measurements_dir) / 'summary.json'}", flush=True)
+        if args.commit:
+            done = finished_seeds(read_results(cfg))
+            what = f"seed {seed} finished" if seed is not None else "report regenerated"
+            message = (f"Learning study ({Path(args.config or 'defaults').name}): {what}; seeds done "
+                       f"{done or 'none'} of {list(cfg.seeds)}, summary.json and RESULTS.md from their results files")
+            if commit(paths, message):
+                print(f"committed: {message}", flush=True)
+
     if not args.report_only:
-        asyncio.run(run_study(cfg, console))
-    print(f"report: {write_report(cfg, command)}")
+        asyncio.run(run_study(cfg, console, seed_done=publish))
+    publish(None)
     return 0
 
 

@@ -1,16 +1,21 @@
 """The learning study's smallest configuration (configs/study_smoke.yaml: 1 seed, 2 iterations, every core
-algorithm, the toy env through a real env server), run end to end; RESULTS.md checked number by number
-against the run's results files; a rerun skips what is done; the generated "what happened" on made-up
-3-seed results."""
+algorithm, 2 eval seeds, the toy env through a real env server), run end to end; summary.json and RESULTS.md
+checked number by number against the run's results files; a rerun skips what is done; `--commit` makes one
+commit per finished seed in a scratch git repository; the paired verdicts on made-up 3-seed results."""
 
 from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from training_fixtures import load_benchmark
+
+from trainer_client import configuration
+from trainer_client.demo import DemoConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "configs" / "study_smoke.yaml"
@@ -22,10 +27,15 @@ def study():
     return load_benchmark(ROOT / "benchmarks" / "learning_study.py")
 
 
+def smoke_args(out: Path, *extra: str) -> list[str]:
+    return ["--config", str(SMOKE), f"out_dir={out}", f"report_dir={out}", f"measurements_dir={out / 'measurements'}",
+            "--threads", "2", *extra]
+
+
 @pytest.fixture(scope="module")
 def smoke_run(study, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("study_smoke")
-    assert study.main(["--config", str(SMOKE), f"out_dir={out}", f"report_dir={out}", "--threads", "2"]) == 0
+    assert study.main(smoke_args(out)) == 0
     return out
 
 
@@ -34,22 +44,34 @@ def read(path: Path) -> dict:
 
 
 def table_rows(markdown: str, heading: str) -> list[list[str]]:
-    """The cells of the first table under `## heading` (header and separator dropped)."""
-    section = markdown.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("|")]
+    """The cells of the first table under the heading that starts with `## heading` (header and separator dropped)."""
+    section = markdown.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    first_table = section[section.index("\n|"):].split("\n\n", 1)[0]
+    rows = [line for line in first_table.splitlines() if line.startswith("|")]
     return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
 
 
-def test_smoke_study_runs_every_core_algorithm(smoke_run):
+def mean_success(evaluation: dict) -> float:
+    return statistics.fmean(run["success"] for run in evaluation["runs"])
+
+
+def test_smoke_study_runs_every_core_algorithm_on_the_same_episodes(smoke_run):
     sft = read(smoke_run / "seed_0" / "sft.json")
-    assert sft["evaluations"]["test"]["episodes"] == 12 and sft["expert_won"] == sft["expert_episodes"] == 24
+    assert sft["expert_won"] == sft["expert_episodes"] == 24
+    assert set(sft["seconds"]) == {"expert_play", "tokenizer_and_model", "sft", "eval"}
+    played = {}
+    for label, result in [("sft", sft)] + [(arm, read(smoke_run / "seed_0" / arm / "results.json")) for arm in CORE]:
+        evaluation = result["evaluations"]["test"]
+        assert [run["seed"] for run in evaluation["runs"]] == [0, 1] and evaluation["tasks_played"] == 12
+        for run in evaluation["runs"]:
+            assert run["episodes"] + run["dropped"] == 12 and len(run["outcomes"]) == run["episodes"]
+            assert run["success"] == pytest.approx(statistics.fmean(o["won"] for o in run["outcomes"]))
+        played[label] = {(o["task_id"], run["seed"]) for run in evaluation["runs"] for o in run["outcomes"]}
+    assert len(set(map(frozenset, played.values()))) == 1     # every checkpoint played the same (game, eval seed)s
     for arm in CORE:
         result = read(smoke_run / "seed_0" / arm / "results.json")
         assert (result["arm"], result["seed"], result["iterations"], result["episodes_per_iteration"]) == (arm, 0, 2, 8)
         assert result["group_size"] == (8 if arm == "grpo" else 1)
-        evaluation = result["evaluations"]["test"]
-        assert evaluation["episodes"] + evaluation["dropped"] == evaluation["tasks_played"] == 12
-        assert sum(c["episodes"] for c in evaluation["by_category"].values()) == evaluation["episodes"]
         rows = [json.loads(line) for line in (smoke_run / "seed_0" / arm / "metrics.jsonl").read_text().splitlines()]
         assert [row["iteration"] for row in rows] == [0, 1]
         assert result["time_per_iteration"]["iteration"] == pytest.approx(
@@ -60,106 +82,215 @@ def test_smoke_study_runs_every_core_algorithm(smoke_run):
     assert (smoke_run / "results_learning_curves.png").stat().st_size > 10_000
 
 
-def test_results_md_numbers_equal_the_results_files(smoke_run):
+def test_summary_json_is_computed_from_the_results_files(smoke_run):
+    summary = read(smoke_run / "measurements" / "summary.json")
+    sft = read(smoke_run / "seed_0" / "sft.json")
+    assert (summary["seeds"], summary["iterations"], summary["eval_seeds"], summary["games"]) == ([0], 2, [0, 1], 12)
+    assert set(summary["arms"]) == set(CORE)
+    for arm in CORE:
+        result, entry = read(smoke_run / "seed_0" / arm / "results.json"), summary["arms"][arm]
+        assert entry["held_out_mean"] == pytest.approx(mean_success(result["evaluations"]["test"]))
+        assert entry["held_out_std"] is None                        # one training seed: no spread to report
+        assert entry["sft_mean"] == pytest.approx(mean_success(sft["evaluations"]["test"]))
+        # Nothing dropped on the toy env, so the paired gain is the plain difference of the two success rates.
+        assert entry["gain"] == pytest.approx(entry["held_out_mean"] - entry["sft_mean"])
+        low, high = entry["gain_ci95"]
+        assert low <= entry["gain"] <= high and entry["episode_pairs"] == 24
+        assert entry["seconds_per_iteration"] == pytest.approx(result["time_per_iteration"]["iteration"])
+    boundary, grpo = summary["arms"]["boundary"], summary["arms"]["grpo"]
+    assert summary["comparisons"]["boundary vs grpo"]["gain"] == pytest.approx(
+        boundary["held_out_mean"] - grpo["held_out_mean"])
+    assert list(summary["comparisons"]) == ["boundary vs grpo", "boundary vs ppo_critic_turn",
+                                            "boundary vs ppo_critic_verl", "ppo_critic_turn vs ppo_critic_verl"]
+    # The copies that get committed: the same results files, no checkpoints.
+    copied = smoke_run / "measurements" / "seed_0"
+    assert read(copied / "boundary" / "results.json") == read(smoke_run / "seed_0" / "boundary" / "results.json")
+    assert not list(copied.glob("**/*.safetensors")) and not list(copied.glob("**/checkpoints"))
+
+
+def test_results_md_numbers_equal_the_summary_and_results_files(smoke_run):
     markdown = (smoke_run / "RESULTS.md").read_text()
+    summary = read(smoke_run / "measurements" / "summary.json")
+
+    def points(value: float, sign: bool = False) -> str:
+        return f"{100 * value:+.1f}" if sign else f"{100 * value:.1f}"
+
+    gains = table_rows(markdown, "Gain over the SFT start and between arms, `test`")
+    assert [row[0] for row in gains] == list(CORE)
+    for arm, seeds, held, start, gain, per_iteration, *_ in gains:
+        entry = summary["arms"][arm]
+        low, high = entry["gain_ci95"]
+        assert (seeds, held, start) == ("1", points(entry["held_out_mean"]), points(entry["sft_mean"]))
+        assert gain == f"{points(entry['gain'], True)} [{points(low, True)}, {points(high, True)}]"
+        assert per_iteration == f"{entry['seconds_per_iteration']:.2f}"
+    answers = markdown.split("## The answer, on `test`", 1)[1].split("\n## ", 1)[0]
+    versus_grpo = next(line for line in answers.splitlines() if line.startswith("- Boundary against grpo"))
+    comparison = summary["comparisons"]["boundary vs grpo"]
+    assert points(comparison["gain"], True) in versus_grpo and f"paired on {comparison['episodes']} episodes" in versus_grpo
+    # Every run's own row: success per eval seed, and the time table.
     runs = {"SFT (start)": read(smoke_run / "seed_0" / "sft.json")}
     runs |= {arm: read(smoke_run / "seed_0" / arm / "results.json") for arm in CORE}
-
-    # The per-category table: one seed, so each cell is that run's success in % (no std).
-    held_out = table_rows(markdown, "Held-out success on `test`")
-    header = markdown.split("## Held-out success on `test`\n", 1)[1].split("\n")[1]
-    columns = [c.strip() for c in header.strip("|").split("|")][1:]
-    assert [row[0] for row in held_out] == list(runs)
-    for row in held_out:
-        evaluation = runs[row[0]]["evaluations"]["test"]
-        for title, cell in zip(columns, row[1:]):
-            category = title.removeprefix("toy ")
-            value = evaluation["success"] if category == "All" else evaluation["by_category"][category]["success"]
-            assert cell == f"{100 * value:.1f}", (row[0], title)
-
-    # Every run's own row, and the time table.
     for label, seed, success, per_iteration, _ in table_rows(markdown, "Every run"):
         run = runs[label]
-        assert (seed, success) == ("0", f"{100 * run['evaluations']['test']['success']:.1f}")
+        assert (seed, success) == ("0", " / ".join(points(r["success"]) for r in run["evaluations"]["test"]["runs"]))
         assert per_iteration == ("–" if label == "SFT (start)" else f"{run['time_per_iteration']['iteration']:.3f}")
     for row in table_rows(markdown, "Time per iteration and its parts"):
         stages = runs[row[0]]["time_per_iteration"]
         assert row[1:] == [f"{stages[s]:.3f}" for s in ("generation", "env_wait", "old_log_prob", "ref", "values",
                                                           "adv", "update_critic", "update_actor", "iteration")]
-    # The generated text quotes the same numbers.
-    shared_readout = next(line for line in markdown.splitlines() if line.startswith("- Shared readout"))
-    gap = 100 * (runs["boundary"]["evaluations"]["test"]["success"] - runs["ppo_critic_turn"]["evaluations"]["test"]["success"])
-    assert f"{gap:+.1f} points" in shared_readout and "one seed only" in shared_readout
+    stage_rows = {row[0]: row[1] for row in table_rows(markdown, "Wall time per stage")}
+    assert stage_rows["SFT start: sft"] == f"{runs['SFT (start)']['seconds']['sft'] / 60:.1f}"
+    assert stage_rows["grpo: RL"] == f"{runs['grpo']['seconds']['train'] / 60:.1f}"
     assert "> **Preliminary**: 1 seed(s)" in markdown and "Incomplete" not in markdown
 
 
 def test_a_rerun_skips_finished_runs(study, smoke_run):
     stamps = {p: p.stat().st_mtime_ns for p in smoke_run.glob("seed_0/**/*.json")}
-    assert study.main(["--config", str(SMOKE), f"out_dir={smoke_run}", f"report_dir={smoke_run}"]) == 0
+    assert study.main(smoke_args(smoke_run)) == 0
     assert {p: p.stat().st_mtime_ns for p in smoke_run.glob("seed_0/**/*.json")} == stamps
 
 
 def test_a_held_out_split_missing_from_finished_runs_is_evaluated_on_rerun(study, smoke_run):
     # e.g. valid_seen, when the study first ran without ALFWORLD_DATA: the finished steps keep their training and
-    # only play the split they lack, which (lock-step, seeded) gives what a first evaluation would have given.
+    # only play the split they lack, which (seeded per episode) gives what a first evaluation would have given.
     files = [smoke_run / "seed_0" / "sft.json", smoke_run / "seed_0" / "grpo" / "results.json"]
     before = [read(path) for path in files]
     for path, result in zip(files, before):
         path.write_text(json.dumps(result | {"evaluations": {}}))
-    assert study.main(["--config", str(SMOKE), f"out_dir={smoke_run}", f"report_dir={smoke_run}"]) == 0
-    assert [read(path)["evaluations"] for path in files] == [result["evaluations"] for result in before]
+    assert study.main(smoke_args(smoke_run)) == 0
+    for path, result in zip(files, before):
+        runs, expected = read(path)["evaluations"]["test"]["runs"], result["evaluations"]["test"]["runs"]
+        assert [run["outcomes"] for run in runs] == [run["outcomes"] for run in expected]
 
 
 def test_a_changed_setting_is_refused_on_an_existing_out_dir(study, smoke_run, capsys):
     with pytest.raises(SystemExit):
-        study.main(["--config", str(SMOKE), f"out_dir={smoke_run}", f"report_dir={smoke_run}", "rl.optim.lr=0.5"])
+        study.main(smoke_args(smoke_run, "rl.optim.lr=0.5"))
     assert "holds runs made with other settings (rl.optim.lr)" in capsys.readouterr().err
 
 
-def made_up_results(study, successes: dict[str, list[float]], seconds: dict[str, float]):
-    """StudyResults with the given held-out success (0..1) per seed and seconds per iteration per arm."""
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
+def test_commit_publishes_each_finished_seed_and_only_its_paths(study, smoke_run, tmp_path):
+    # Last in this file: it adds seed 1 to the smoke run.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    git(repo, "config", "user.email", "study@example.invalid")
+    git(repo, "config", "user.name", "study")
+    stale = repo / "docs" / "measurements" / "study" / "seed_0" / "base" / "tokenizer.json"  # an older study's copy
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    (repo / "other.txt").write_text("someone else's work")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "before")
+    (repo / "other.txt").write_text("someone else's staged change")
+    git(repo, "add", "other.txt")
+    docs = repo / "docs"
+    args = ["--config", str(SMOKE), f"out_dir={smoke_run}", f"report_dir={docs}",
+            f"measurements_dir={docs / 'measurements' / 'study'}", "seeds=[0,1]", "--commit"]
+    assert study.main(args) == 0
+
+    subjects = git(repo, "log", "--format=%s").splitlines()
+    assert len(subjects) == 3 and "seed 1 finished" in subjects[0] and "seed 0 finished" in subjects[1]
+    for revision, seeds in (("HEAD~1", [0]), ("HEAD", [0, 1])):
+        summary = json.loads(git(repo, "show", f"{revision}:docs/measurements/study/summary.json"))
+        assert summary["seeds"] == seeds
+        committed = set(git(repo, "ls-tree", "-r", "--name-only", revision).splitlines())
+        assert {f"docs/measurements/study/seed_{s}/{arm}/results.json" for s in seeds for arm in CORE} <= committed
+        assert {"docs/RESULTS.md", "docs/results_learning_curves.png"} <= committed
+        assert "docs/measurements/study/seed_0/base/tokenizer.json" not in committed
+    assert git(repo, "show", "HEAD:other.txt") == "someone else's work"          # not swept into the study's commits
+    assert git(repo, "diff", "--cached", "--name-only").split() == ["other.txt"]  # still staged, untouched
+    assert study.main(args) == 0                                                  # nothing new: no commit
+    assert len(git(repo, "log", "--format=%s").splitlines()) == 3
+
+
+# ---- the pure parts, on made-up results ------------------------------------------------------------------------
+
+# Win patterns over 40 games (categories: games 0-19 "a", 20-39 "b"), the same for 3 seeds x 2 eval seeds.
+WINS = {
+    "SFT": range(0, 5),
+    "boundary": range(0, 30),           # a: 20/20, b: 10/20
+    "grpo": range(30, 40),              # a: 0/20,  b: 10/20 -> boundary ahead on a only
+    "ppo_critic_turn": range(0, 29),    # one game fewer than boundary: no difference resolved
+    "ppo_critic_verl": range(0, 15),
+}
+
+
+def made_up_results(study, wins=WINS, seconds=None):
+    seconds = seconds or {"boundary": 3.0, "grpo": 3.0, "ppo_critic_turn": 6.0, "ppo_critic_verl": 6.0}
     cfg = study.StudyConfig(env="toy", train_split="train", eval_splits=("test",), seeds=(0, 1, 2))
 
-    def evaluation(success: float) -> dict:
-        return {"env": "toy", "split": "test", "episodes": 40, "success": success, "score": 100 * success,
-                "dropped": 0, "tasks_played": 40, "split_tasks": 40,
-                "by_category": {"goto": {"episodes": 40, "won": round(40 * success), "success": success}}}
+    def evaluation(won: range) -> dict:
+        def run(eval_seed: int) -> dict:
+            outcomes = [{"task_id": f"g{g:02d}", "seed": eval_seed, "won": g in won, "score": float(g in won),
+                         "category": "a" if g < 20 else "b"} for g in range(40)]
+            by_category = {c: {"episodes": 20, "won": sum(o["won"] for o in outcomes if o["category"] == c)}
+                           for c in ("a", "b")}
+            return {"seed": eval_seed, "env": "toy", "split": "test", "episodes": 40, "success": len(won) / 40,
+                    "score": 100 * len(won) / 40, "dropped": 0, "outcomes": outcomes,
+                    "by_category": {c: v | {"success": v["won"] / 20} for c, v in by_category.items()}}
+        return {"env": "toy", "split": "test", "tasks_played": 40, "split_tasks": 40, "runs": [run(0), run(1)]}
 
     def timing(total: float) -> dict:
         return {stage: 0.0 for stage in ("generation", "env_wait", "old_log_prob", "ref", "values", "adv",
                                          "update_critic", "update_actor")} | {"iteration": total}
 
-    sft = {seed: {"evaluations": {"test": evaluation(successes["SFT"][seed])}, "seconds": {"sft": 1.0},
+    sft = {seed: {"evaluations": {"test": evaluation(wins["SFT"])}, "seconds": {"sft": 60.0},
                   "parameters": 750_000, "vocabulary": 2048, "loss_last": 0.5} for seed in range(3)}
-    runs = {arm: {seed: {"evaluations": {"test": evaluation(values[seed])}, "time_per_iteration": timing(seconds[arm]),
-                         "seconds": {"train": 1.0}} for seed in range(3)}
-            for arm, values in successes.items() if arm != "SFT"}
+    runs = {arm: {seed: {"evaluations": {"test": evaluation(won)}, "time_per_iteration": timing(seconds[arm]),
+                         "seconds": {"train": 120.0, "eval": 30.0}} for seed in range(3)}
+            for arm, won in wins.items() if arm != "SFT"}
     return study.StudyResults(cfg, sft, runs, {})
 
 
-def test_what_happened_is_computed_from_the_numbers(study):
-    results = made_up_results(study, {
-        "SFT": [0.20, 0.22, 0.18],
-        "boundary": [0.60, 0.62, 0.58],         # mean 60, std 2
-        "grpo": [0.40, 0.50, 0.45],             # mean 45, std 5
-        "ppo_critic_turn": [0.54, 0.64, 0.59],  # mean 59, std 5: within noise of boundary
-        "ppo_critic_verl": [0.30, 0.32, 0.28],  # mean 30, std 2
-    }, {"boundary": 3.0, "grpo": 3.0, "ppo_critic_turn": 4.0, "ppo_critic_verl": 5.0})
-    lines = study.what_happened(results, "test")
+def test_paired_gain_pools_seeds_per_game_and_leaves_out_what_one_side_dropped(study):
+    results = made_up_results(study)
+    boundary, grpo = results.runs["boundary"], results.runs["grpo"]
+    gain = study.paired(boundary, grpo, "test")
+    assert gain["gain"] == pytest.approx(0.5) and gain["games"] == 40 and gain["episodes"] == 240
+    assert 0 < gain["ci95"][0] < 0.5 < gain["ci95"][1]
+    assert study.paired(boundary, grpo, "test", category="b")["gain"] == 0.0
+    # grpo's seed 2 dropped game g00 on eval seed 1: that episode leaves the pairing on both sides.
+    runs = grpo[2]["evaluations"]["test"]["runs"]
+    runs[1]["outcomes"] = [o for o in runs[1]["outcomes"] if o["task_id"] != "g00"]
+    assert study.paired(boundary, grpo, "test")["episodes"] == 239
+    # Only the seeds both sides finished are paired.
+    assert study.paired(boundary, {0: grpo[0]}, "test")["seeds"] == [0]
+
+
+def test_summary_and_answers_are_computed_from_the_numbers(study):
+    results = made_up_results(study)
+    summary = study.study_summary(results, "python benchmarks/learning_study.py")
+    assert summary["seeds"] == [0, 1, 2] and summary["iterations"] == results.cfg.rl.iterations
+    boundary = summary["arms"]["boundary"]
+    assert (boundary["held_out_mean"], boundary["held_out_std"], boundary["sft_mean"]) == (0.75, 0.0, 0.125)
+    assert boundary["gain"] == pytest.approx(0.625) and boundary["gain_ci95"][0] > 0.4
+    assert boundary["seconds_per_iteration"] == 3.0 and boundary["wall_seconds"] == {"train": 120.0, "eval": 30.0}
+    lines = study.answer_lines(summary)
     text = "\n".join(lines)
-    assert lines[0].startswith("Mean held-out success on test, best first (%): boundary 60.0, ppo_critic_turn 59.0")
-    assert "Change from the SFT start (20.0), in points: boundary +40.0" in text
-    claim = next(line for line in lines if line.startswith("The claim"))
-    assert "clearly ahead of ppo_critic_verl, grpo" in claim and "not clearly ahead of ppo_critic_turn" in claim
-    shared = next(line for line in lines if line.startswith("Shared readout"))
-    assert "boundary 60.0 ± 2.0 vs ppo_critic_turn 59.0 ± 5.0: +1.0 points (within the seed-to-seed std)" in shared
+    assert "Boundary against grpo: **boundary beats grpo**: +50.0 [" in text
+    assert "Boundary against ppo_critic_turn: **no difference resolved** between boundary and ppo_critic_turn" in text
+    readout = next(line for line in lines if line.startswith("The shared readout"))
     credit = next(line for line in lines if line.startswith("Turn-level credit"))
-    assert "ppo_critic_turn 59.0 ± 5.0 vs ppo_critic_verl 30.0 ± 2.0: +29.0 points (larger than" in credit
-    assert "boundary / ppo_critic_turn: 0.750" in text
-    markdown = study.render_results(results, "python benchmarks/learning_study.py", interpretation="It learned.")
-    assert "| boundary | 60.0 ± 2.0 | 60.0 ± 2.0 |" in markdown
+    assert "no difference resolved" in readout and "**ppo_critic_turn beats ppo_critic_verl**: +35.0" in credit
+    assert "What carries the difference: turn-level credit." in text
+    assert "boundary's iteration took 3.0 s; each baseline's, relative to it: grpo 1.00x, ppo_critic_turn 2.00x" in text
+    where = next(line for line in lines if line.startswith("Where boundary is not resolved ahead"))
+    assert "against grpo in b" in where and "against ppo_critic_turn in a, b" in where and "verl" not in where
+    markdown = study.render_results(results, summary, "python benchmarks/learning_study.py", interpretation="It learned.")
+    assert "| boundary | 3 | 75.0 ± 0.0 | 12.5 | +62.5 [" in markdown
     assert "## Interpretation (the lead's)\n\nIt learned." in markdown and "Preliminary" not in markdown
     assert "> **Incomplete**" not in markdown
+
+
+def test_a_reversed_gap_is_said_the_other_way(study):
+    wins = WINS | {"grpo": range(0, 40)}     # grpo wins every game
+    summary = study.study_summary(made_up_results(study, wins), "cmd")
+    assert "**grpo beats boundary**: -25.0 [" in "\n".join(study.answer_lines(summary))
 
 
 def test_unequal_episodes_are_refused_before_any_work(study):
@@ -167,3 +298,20 @@ def test_unequal_episodes_are_refused_before_any_work(study):
         study.StudyConfig(rl=study.TrainConfig(episodes_per_iteration=12))
     with pytest.raises(ValueError, match="unknown arms"):
         study.StudyConfig(arm_overrides={"ppo": ["optim.lr=1"]})
+    with pytest.raises(ValueError, match="eval_seeds"):
+        study.StudyConfig(eval_seeds=(0, 0))
+
+
+def test_the_study_mirrors_the_demo(study):
+    """configs/study.yaml copies the demo's games, model, SFT and RL settings; only what the study must set
+    differently may differ (a changed demo setting fails here until the study's YAML copies it)."""
+    demo = configuration.load(DemoConfig, ROOT / "configs" / "demo.yaml")
+    study_cfg = configuration.load(study.StudyConfig, ROOT / "configs" / "study.yaml")
+    for key in ("env", "train_split", "server_args", "model_size", "sft_episodes", "sft_epochs", "sft_lr",
+                "sft_batch_turns", "sft_lr_decay", "sft_prompt_loss_weight"):
+        assert getattr(study_cfg, key) == getattr(demo, key), key
+    assert study_cfg.eval_splits[0] == demo.eval_split and study_cfg.eval_episodes[demo.eval_split] >= 300
+    differ = study.changed_settings(configuration.to_dict(demo.rl), configuration.to_dict(study_cfg.rl))
+    assert set(differ) <= {"algo", "iterations", "save_every", "optim.critic_lr"}, differ
+    assert study_cfg.rl.iterations >= 48 and len(study_cfg.seeds) >= 3 and len(study_cfg.eval_seeds) >= 2
+    assert yaml.safe_load((ROOT / "configs" / "study.yaml").read_text())["rl"].get("algo") is None
