@@ -35,14 +35,18 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def add_demo_config_args(parser, default_config: str) -> None:
-    """The options every benchmark that works from the demo's settings takes: preset, threads, overrides."""
-    parser.add_argument("--config", default=default_config)
+    """What every benchmark that works from the demo's settings takes: the DemoConfig preset, aliases and
+    key=value overrides through the one loader (trainer_client.configuration), --dry-run, and threads."""
+    from trainer_client import configuration
+    from trainer_client.demo import DemoConfig
+
+    configuration.add_config_arguments(parser, DemoConfig, default_config=default_config, dry_run=True)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (OMP_WAIT_POLICY=PASSIVE is set)")
-    parser.add_argument("overrides", nargs="*", help="DemoConfig key=value overrides")
 
 
 def load_demo_config(parser, args, extra_overrides: Sequence[str] = ()):
-    """Fix torch's threads, then load the DemoConfig; a bad override is a usage error, not a traceback."""
+    """Fix torch's threads, then load the DemoConfig; a bad override exits 2 with one line. With --dry-run,
+    print the resolved config and exit 0 before any work."""
     import torch
 
     from trainer_client import configuration
@@ -50,7 +54,8 @@ def load_demo_config(parser, args, extra_overrides: Sequence[str] = ()):
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     torch.set_num_threads(args.threads)
-    try:
-        return configuration.load(DemoConfig, args.config, [*args.overrides, *extra_overrides])
-    except configuration.ConfigError as error:
-        parser.error(str(error))
+    cfg = configuration.config_from_args(DemoConfig, parser, args, extra_overrides)
+    if args.dry_run:
+        configuration.print_config(cfg)
+        raise SystemExit(0)
+    return cfg

@@ -140,11 +140,16 @@ def time_iteration(model_dir: Path, plan: CheckPlan) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_tests.log")
     parser.add_argument("--dry", action="store_true", help="tiny shapes on the CPU (CI)")
     parser.add_argument("--skip-tests", action="store_true", help="time only")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     plan = DRY_PLAN if args.dry else GPU_PLAN
     if plan.device == "cuda" and not torch.cuda.is_available():

@@ -14,7 +14,6 @@ returns {algo: {stage: mean seconds}}; `--qwen25 1.5b` times a random-init Qwen2
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -215,7 +214,7 @@ def tiny_toy_checkpoint(out_dir: Path, size: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = configuration.Parser(prog="iteration_cost.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("synthetic", "rollout"), default="synthetic")
     parser.add_argument("--model", help="checkpoint dir (default: a tiny random model, see --tiny-size)")
     parser.add_argument("--tiny-size", default="tiny", help="size of the default model: micro, tiny, small")
@@ -234,12 +233,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--json", help="write the result here")
-    parser.add_argument("overrides", nargs="*", help="TrainConfig key=value, e.g. loss.kl_coef=0 rollout.max_turns=4")
-    args = parser.parse_args(argv)
+    # The TrainConfig the two learners share: preset, aliases and key=value overrides through the one loader;
+    # the flags above come first, so an override such as rollout.max_turns=4 wins.
+    configuration.add_config_arguments(parser, TrainConfig, dry_run=True)
+    args = parser.parse_intermixed_args(argv)
+    args.overrides = [f"episodes_per_iteration={args.episodes}", f"rollout.max_turns={args.turns}",
+                      f"rollout.max_new_tokens={args.response_tokens}", *args.overrides]
+    base = configuration.config_from_args(TrainConfig, parser, args)
+    if args.dry_run:
+        configuration.print_config(base)
+        return 0
     torch.set_num_threads(args.threads)
-    base = configuration.load(TrainConfig, None, [
-        f"episodes_per_iteration={args.episodes}", f"rollout.max_turns={args.turns}",
-        f"rollout.max_new_tokens={args.response_tokens}", *args.overrides])
 
     with tempfile.TemporaryDirectory(prefix="iteration_cost_") as scratch:
         if args.model:

@@ -26,11 +26,16 @@ def probe(address: str, service: str, timeout_s: float) -> str:
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m env_server.healthcheck", description=__doc__.splitlines()[0])
     parser.add_argument("--address", default="127.0.0.1:50051")
     parser.add_argument("--service", default=LIVENESS_SERVICE, help='"" (liveness, default) or a service name')
     parser.add_argument("--timeout-s", type=float, default=3.0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         status = probe(args.address, args.service, args.timeout_s)

@@ -96,10 +96,15 @@ class PodAnnotator:
             stop.wait(self.config.interval_s)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m env_server.k8s_annotator", description=__doc__.splitlines()[0])
     parser.add_argument("--metrics-url", default=AnnotatorConfig.metrics_url)
     parser.add_argument("--interval-s", type=float, default=AnnotatorConfig.interval_s)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     config = AnnotatorConfig(
         pod_name=os.environ.get("POD_NAME", ""),

@@ -6,7 +6,10 @@ are coerced to the field's declared type, so a typo on the command line fails be
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import shlex
+import sys
 import types
 import typing
 from pathlib import Path
@@ -89,8 +92,22 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
     unknown = sorted(set(data) - names)
     if unknown:
         raise ConfigError(f"{where or cls.__name__}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
-    kwargs = {k: _coerce(v, hints[k], f"{where}.{k}" if where else k) for k, v in data.items()}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for k, v in data.items():
+        # A section given in part keeps the rest of its parent's default (a default_factory may differ from
+        # the section class's own defaults).
+        default = _default_of(fields[k])
+        if isinstance(v, dict) and dataclasses.is_dataclass(default):
+            v = merge(to_dict(default), v)
+        kwargs[k] = _coerce(v, hints[k], f"{where}.{k}" if where else k)
     return cls(**kwargs)
+
+
+def _default_of(field: dataclasses.Field) -> Any:
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return field.default
 
 
 def to_dict(config: Any) -> dict[str, Any]:
@@ -132,14 +149,151 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None) -> T:
-    """Defaults <- YAML preset at `path` <- command-line overrides."""
+def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
+         settings: dict[str, Any] | None = None) -> T:
+    """Defaults <- YAML preset at `path` <- `settings` (already-parsed values, e.g. from flags) <- overrides."""
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file {path} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path} is not valid YAML: {error}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping")
-    return from_dict(cls, merge(data, parse_overrides(overrides or [])))
+    data = merge(data, settings or {})
+    try:
+        return from_dict(cls, merge(data, parse_overrides(overrides or [])))
+    except yaml.YAMLError as error:
+        raise ConfigError(f"an override is not valid YAML: {error}") from None
+
+
+# ---- the command line: one parser shape for every entry point -----------------------------------------------
+#
+# Every limen command that runs from a config takes the same three things: `--config PRESET.yaml`, `key=value`
+# overrides, and the aliases below. An alias is a flag for one key path and means that path wherever it is
+# offered: a command offers exactly the aliases whose path its config has, so `--env-servers` is `env.servers`
+# in limen-train, limen-eval and sft alike.
+
+
+@dataclasses.dataclass(frozen=True)
+class Alias:
+    flag: str
+    key: str
+    kind: typing.Literal["text", "shell", "switch"] = "text"
+    """text: the flag's text, coerced to the field's type (a comma list for list fields); shell: split as a
+    shell would (`--server-args "--workers 2"`); switch: a flag without a value that sets true."""
+
+
+ALIASES: tuple[Alias, ...] = (
+    Alias("--env-servers", "env.servers"),
+    Alias("--env", "env.name"),
+    Alias("--split", "env.split"),
+    Alias("--server-args", "env.server_args", "shell"),
+    Alias("--checkpoint", "checkpoint"),
+    Alias("--out", "out"),
+    Alias("--data", "data"),
+    Alias("--seed", "seed"),
+    Alias("--seeds", "seeds"),
+    Alias("--episodes", "episodes"),
+    Alias("--epochs", "epochs"),
+    Alias("--lr", "lr"),
+    Alias("--lr-decay", "lr_decay", "switch"),
+    Alias("--prompt-loss-weight", "prompt_loss_weight"),
+    Alias("--prompting", "prompting"),
+    Alias("--label", "label"),
+    Alias("--chat-template", "chat_template"),
+    Alias("--temperature", "temperature"),
+    Alias("--max-turns", "max_turns"),
+    Alias("--max-new-tokens", "max_new_tokens"),
+    Alias("--concurrency", "concurrency"),
+    Alias("--device", "device"),
+    Alias("--dtype", "dtype"),
+    Alias("--run-config", "run_config"),
+)
+
+
+def field_at(cls: type, key: str) -> dataclasses.Field | None:
+    """The dataclass field at a dotted key path of `cls`, or None."""
+    field = None
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(cls):
+            return None
+        field = next((f for f in dataclasses.fields(cls) if f.name == part and f.init), None)
+        if field is None:
+            return None
+        cls = typing.get_type_hints(cls)[part]
+    return field
+
+
+def aliases_of(cls: type) -> list[Alias]:
+    return [alias for alias in ALIASES if field_at(cls, alias.key) is not None]
+
+
+class CommandLineError(SystemExit):
+    """Exit status 2 after one line on stderr: how every limen command reports a bad flag, key, value or file."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (`prog: error: ...`), not the usage text first."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        fail(self.prog, message)
+
+
+def fail(prog: str, message: object) -> typing.NoReturn:
+    text = " ".join(str(message).split())  # one line, whatever the exception's text held
+    print(f"{prog}: error: {text}", file=sys.stderr)
+    raise CommandLineError(2)
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, default_config: str | None = None,
+                         dry_run: bool = False) -> None:
+    """`--config`, the aliases `cls` has, `--dry-run` (when the command has one) and the key=value overrides."""
+    parser.add_argument("--config", default=default_config, metavar="PRESET.yaml",
+                        help=f"YAML preset (configs/){f'; default {default_config}' if default_config else ''}")
+    for alias in aliases_of(cls):
+        if alias.kind == "switch":
+            parser.add_argument(alias.flag, dest=_dest(alias), action="store_const", const=True, default=None,
+                                help=f"same as {alias.key}=true")
+        else:
+            parser.add_argument(alias.flag, dest=_dest(alias), default=None, metavar="VALUE",
+                                help=f"same as {alias.key}=VALUE")
+    if dry_run:
+        parser.add_argument("--dry-run", action="store_true",
+                            help="resolve the config, check what it names exists, print it, exit (starts nothing)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="overrides of the preset's fields, e.g. optim.lr=1e-6 env.servers=[host:50051]")
+
+
+def _dest(alias: Alias) -> str:
+    return "alias:" + alias.key
+
+
+def config_from_args(cls: type[T], parser: argparse.ArgumentParser, args: argparse.Namespace,
+                     extra_overrides: typing.Sequence[str] = ()) -> T:
+    """Defaults <- preset <- aliases <- key=value overrides (the last word wins); any mistake exits 2 with
+    one line naming it."""
+    settings: dict[str, Any] = {}
+    for alias in aliases_of(cls):
+        value = getattr(args, _dest(alias), None)
+        if value is None:
+            continue
+        if alias.kind == "shell":
+            value = shlex.split(value)
+        node = settings
+        *parents, last = alias.key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    try:
+        return load(cls, args.config, [*args.overrides, *extra_overrides], settings)
+    except (ConfigError, ValueError, TypeError, yaml.YAMLError) as error:
+        fail(parser.prog, error)
+
+
+def print_config(config: Any, file: typing.TextIO | None = None) -> None:
+    """The resolved config as YAML: what `--dry-run` shows and a run writes to config.yaml."""
+    print(yaml.safe_dump(to_dict(config), sort_keys=False), end="", file=file or sys.stdout)

@@ -10,7 +10,6 @@ with a tokenizer trained on the env's own text, so nothing is downloaded. The la
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -165,14 +164,13 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer_client.demo", description="SFT then RL on the embedded default.")
-    parser.add_argument("--config", help="YAML preset (default: configs/demo.yaml)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rl.iterations=10")
-    args = parser.parse_args(argv)
-    try:
-        cfg = configuration.load(DemoConfig, args.config, args.overrides)
-    except configuration.ConfigError as error:
-        parser.error(str(error))
+    parser = configuration.Parser(prog="python -m trainer_client.demo", description="SFT then RL on the embedded default.")
+    configuration.add_config_arguments(parser, DemoConfig, dry_run=True)
+    args = parser.parse_intermixed_args(argv)
+    cfg = configuration.config_from_args(DemoConfig, parser, args)
+    if args.dry_run:
+        configuration.print_config(cfg)
+        return 0
     console = Console(stderr=True)
     before, after = asyncio.run(run(cfg, console))
     print(f"held-out success: sft={before.success:.3f} rl={after.success:.3f} games={after.total.episodes}")

@@ -1,7 +1,8 @@
 """Held-out evaluation and `limen-eval`: success per task category, WebShop score, mean ± std over seeds.
 
     limen-eval --checkpoint DIR --env alfworld --split valid_seen [--env-servers HOST:PORT,...] [--episodes N]
-               [--seeds 0,1,2] [--prompting zero-shot|react] [--out results.json]
+               [--seeds 0,1,2] [--prompting zero-shot|react] [--out results.json] [--config PRESET] [key=value ...]
+               [--dry-run]
     limen-eval combine a.json b.json ... [--markdown table.md] [--runs [LABEL=]RUN_DIR ...] [--plot curves.png]
 
 Sampling is at the anchor's temperature 0.4. Each results file holds one checkpoint's counts per eval seed;
@@ -18,7 +19,6 @@ import dataclasses
 import json
 import math
 import random
-import shlex
 import statistics
 import sys
 from collections import defaultdict
@@ -29,7 +29,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from trainer_client import configuration
+from trainer_client import cli, configuration
+from trainer_client.cli import EnvTarget
 from trainer_client.env_pool import EnvPool
 from trainer_client.local_server import local_env_server
 from trainer_client.paired import paired_report
@@ -258,31 +259,45 @@ def plot_curves(runs: Mapping[str, Sequence[Sequence[Mapping]]], out: Path) -> P
 class EvalJob:
     """One `limen-eval` run: a checkpoint on one split, once per seed."""
 
-    checkpoint: str
-    env: str = "alfworld"
-    split: str = "valid_seen"
-    env_servers: tuple[str, ...] = ()
-    server_args: tuple[str, ...] = ()
+    checkpoint: str = ""
+    """Policy checkpoint dir (or any HF causal LM dir)."""
+    env: EnvTarget = field(default_factory=EnvTarget)
+    """The env, its held-out split, and the servers (empty: a local server is started)."""
     episodes: int = 0
+    """Play a fixed random N tasks of the split (0: all)."""
     seeds: tuple[int, ...] = (0,)
+    """Eval seeds (env and sampling), e.g. --seeds 0,1,2."""
     prompting: str = ""
+    """A prompting baseline (zero-shot, react) instead of the trained prompt."""
     label: str = ""
+    """Row name in tables (default: the run's algo, or the checkpoint's name and the prompting style)."""
     chat_template: str = ""
+    """For checkpoints without one: qwen25 (Qwen2.5's ChatML template)."""
     temperature: float = EVAL_TEMPERATURE
     max_turns: int = 0
+    """0: the env's default (ALFWorld 50, WebShop 15)."""
     max_new_tokens: int = 0
+    """0: the run's setting (or 512)."""
     concurrency: int = 32
+    """Episodes played at once."""
     device: str = "cpu"
     dtype: str = "float32"
     run_config: str = ""
+    """The run's config.yaml (default: found beside the checkpoint)."""
+    out: str = ""
+    """Write the results file here."""
 
     def __post_init__(self) -> None:
+        if not self.checkpoint:
+            raise ValueError("give a checkpoint (--checkpoint DIR or checkpoint=DIR)")
         if self.prompting and self.prompting not in PROMPTING_STYLES:
             raise ValueError(f"prompting must be one of {list(PROMPTING_STYLES)}, got {self.prompting!r}")
         if not self.seeds:
             raise ValueError("give at least one seed")
         if self.episodes < 0 or self.max_turns < 0 or self.max_new_tokens < 0 or self.concurrency < 1:
             raise ValueError("episodes, max_turns and max_new_tokens must be >= 0, concurrency >= 1")
+        if self.chat_template not in CHAT_TEMPLATES:
+            raise ValueError(f"chat_template must be one of {[n for n in CHAT_TEMPLATES if n]}, got {self.chat_template!r}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
 
@@ -305,7 +320,7 @@ def job_settings(job: EvalJob) -> tuple[str, PromptConfig, RolloutConfig]:
     prompts = configuration.from_dict(PromptConfig, run.get("prompt", {}), "prompt")
     rollout = configuration.from_dict(RolloutConfig, run.get("rollout", {}), "rollout")
     if job.prompting:
-        prompts = prompt_config(job.prompting, job.env, prompts)
+        prompts = prompt_config(job.prompting, job.env.name, prompts)
     rollout = dataclasses.replace(
         rollout, temperature=job.temperature, batch_wait_s=0.0, max_concurrent_episodes=job.concurrency,
         max_turns=job.max_turns, max_new_tokens=job.max_new_tokens or rollout.max_new_tokens)
@@ -321,17 +336,18 @@ async def run_job(job: EvalJob) -> dict:
                          chat_template=CHAT_TEMPLATES[job.chat_template])
     backend = TransformersBackend.from_policy(policy)
     runs = []
-    local = local_env_server([job.env], job.server_args) if not job.env_servers else contextlib.nullcontext(None)
-    async with local as address, EnvPool(list(job.env_servers) or [address]) as pool:
-        split = (await pool.list_envs())[job.env].splits[job.split]
-        task_ids = subset(await pool.list_tasks(job.env, job.split), job.episodes)
+    env = job.env
+    local = local_env_server([env.name], env.server_args) if not env.servers else contextlib.nullcontext(None)
+    async with local as address, EnvPool(list(env.servers) or [address]) as pool:
+        split = (await pool.list_envs())[env.name].splits[env.split]
+        task_ids = subset(await pool.list_tasks(env.name, env.split), job.episodes)
         for seed in job.seeds:
             torch.manual_seed(seed)
-            result = await evaluate(pool, backend, policy.tokenizer, job.env, job.split, task_ids, rollout, prompts,
+            result = await evaluate(pool, backend, policy.tokenizer, env.name, env.split, task_ids, rollout, prompts,
                                     seed=seed)
             runs.append({"seed": seed, **result.as_dict()})
             print(f"{label} seed {seed}: {describe(result)}", file=sys.stderr)
-    return {"label": label, "checkpoint": job.checkpoint, "env": job.env, "split": job.split,
+    return {"label": label, "checkpoint": job.checkpoint, "env": env.name, "split": env.split,
             "split_tasks": split.num_tasks, "split_excluded": split.num_excluded, "tasks_played": len(task_ids),
             "prompting": job.prompting, "temperature": job.temperature, "seeds": list(job.seeds),
             "env_versions": pool.versions, "runs": runs}
@@ -351,28 +367,10 @@ def describe(result: EvalResult) -> str:
 
 
 def eval_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="limen-eval", description="Evaluate a checkpoint on a held-out split "
-                                     "(or `limen-eval combine ...` to tabulate results files).")
-    parser.add_argument("--checkpoint", required=True, help="policy checkpoint dir (or any HF causal LM dir)")
-    parser.add_argument("--env", default="alfworld")
-    parser.add_argument("--split", default="valid_seen")
-    parser.add_argument("--env-servers", default="", help="comma-separated targets; empty starts a local server")
-    parser.add_argument("--server-args", default="", help='flags for the local server, e.g. "--workers 2"')
-    parser.add_argument("--episodes", type=int, default=0, help="play a fixed random N tasks of the split (0: all)")
-    parser.add_argument("--seeds", default="0", help="comma-separated eval seeds (env and sampling)")
-    parser.add_argument("--prompting", choices=PROMPTING_STYLES, help="a prompting baseline instead of the trained prompt")
-    parser.add_argument("--label", default="", help="row name in tables (default: the run's algo, or the "
-                        "checkpoint's name and the prompting style)")
-    parser.add_argument("--chat-template", choices=[name for name in CHAT_TEMPLATES if name], default="",
-                        help="for checkpoints without one: Qwen2.5's ChatML template")
-    parser.add_argument("--temperature", type=float, default=EVAL_TEMPERATURE)
-    parser.add_argument("--max-turns", type=int, default=0, help="0: the env's default (ALFWorld 50, WebShop 15)")
-    parser.add_argument("--max-new-tokens", type=int, default=0, help="0: the run's setting (or 512)")
-    parser.add_argument("--concurrency", type=int, default=32, help="episodes played at once")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    parser.add_argument("--run-config", default="", help="the run's config.yaml (default: found beside the checkpoint)")
-    parser.add_argument("--out", help="write the results file here")
+    """The preset, the aliases and key=value overrides of an EvalJob (trainer_client.configuration), --dry-run."""
+    parser = configuration.Parser(prog="limen-eval", description="Evaluate a checkpoint on a held-out split "
+                                  "(or `limen-eval combine ...` to tabulate results files).")
+    configuration.add_config_arguments(parser, EvalJob, dry_run=True)
     return parser
 
 
@@ -415,24 +413,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["combine"]:
         return combine(argv[1:])
     parser = eval_parser()
-    args = parser.parse_args(argv)
-    try:
-        job = EvalJob(
-            checkpoint=args.checkpoint, env=args.env, split=args.split,
-            env_servers=tuple(s for s in args.env_servers.split(",") if s), server_args=tuple(shlex.split(args.server_args)),
-            episodes=args.episodes, seeds=tuple(int(s) for s in args.seeds.split(",") if s.strip()),
-            prompting=args.prompting or "", label=args.label, chat_template=args.chat_template,
-            temperature=args.temperature, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,
-            concurrency=args.concurrency, device=args.device, dtype=args.dtype, run_config=args.run_config)
-    except ValueError as error:
-        parser.error(str(error))
+    args = parser.parse_intermixed_args(argv)
+    job = configuration.config_from_args(EvalJob, parser, args)
+    report = cli.check_eval(job)
+    if args.dry_run:
+        configuration.print_config(job)
+        report.show()
+    report.fail_if_any(parser.prog)
+    if args.dry_run:
+        return 0
     results = asyncio.run(run_job(job))
     summary = summarize_results(results["runs"])
-    print(json.dumps({"label": results["label"], "env": job.env, "split": job.split,
+    print(json.dumps({"label": results["label"], "env": job.env.name, "split": job.env.split,
                       "success": summary.get("success"), "score": summary.get("score")}))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=2))
+    if job.out:
+        Path(job.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(job.out).write_text(json.dumps(results, indent=2))
     return 0
 
 

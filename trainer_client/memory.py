@@ -208,16 +208,13 @@ def check_fits(cfg) -> MemoryEstimate:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m trainer_client.memory --config configs/X.yaml [key=value ...]`: print the per-GPU estimate."""
-    import argparse
-
     from trainer_client import configuration
     from trainer_client.train import TrainConfig
 
-    parser = argparse.ArgumentParser(prog="python -m trainer_client.memory", description=main.__doc__)
-    parser.add_argument("--config", required=True)
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
-    cfg = configuration.load(TrainConfig, args.config, args.overrides)
+    parser = configuration.Parser(prog="python -m trainer_client.memory", description=main.__doc__)
+    configuration.add_config_arguments(parser, TrainConfig)
+    args = parser.parse_intermixed_args(argv)
+    cfg = configuration.config_from_args(TrainConfig, parser, args)
     print(estimate_run(cfg).describe(cfg.hardware.gpu_memory_gib))
     return 0
 

@@ -9,7 +9,6 @@ becomes one (prompt, expert reply) sample; the loss is the policy's masked log-l
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import functools
@@ -18,13 +17,14 @@ import math
 import random
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from trainer_client.cli import EnvTarget, check_sft
 from trainer_client.env_pool import EnvPool
 from trainer_client.env_types import EnvPoolError
 from trainer_client.experience import pad_id
@@ -180,42 +180,66 @@ def prompt_part_mask(prompt_parts: Sequence[int], response_mask: torch.Tensor) -
     return (offsets < torch.tensor(prompt_parts, device=response_mask.device)[:, None]) & response_mask
 
 
+@dataclass(frozen=True)
+class SFTJob:
+    """One `python -m trainer_client.sft` run: expert episodes (played through the pool, or a JSONL file) ->
+    a fine-tuned checkpoint."""
+
+    checkpoint: str = ""
+    """Policy checkpoint to start from."""
+    out: str = ""
+    """Where to save the fine-tuned checkpoint."""
+    data: str = ""
+    """Expert JSONL; without it, experts play env.split through the servers (or a local one)."""
+    env: EnvTarget = field(default_factory=lambda: EnvTarget(split="train"))
+    episodes: int = 0
+    """Tasks to play (0: all)."""
+    epochs: float = 1.0
+    lr: float = 1e-3
+    lr_decay: bool = False
+    """Decay the learning rate linearly after warm-up."""
+    prompt_loss_weight: float = 0.0
+    """Also fit the prompt tokens at this weight (helps random-init models)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint or not self.out:
+            raise ValueError("give both checkpoint (--checkpoint DIR) and out (--out DIR)")
+
+
 def main(argv: list[str] | None = None) -> int:
+    from trainer_client import configuration
     from trainer_client.local_server import local_env_server
 
-    parser = argparse.ArgumentParser(prog="python -m trainer_client.sft", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="policy checkpoint to start from")
-    parser.add_argument("--out", required=True, help="where to save the fine-tuned checkpoint")
-    parser.add_argument("--data", help="expert JSONL; without it, experts play --env/--split through a server")
-    parser.add_argument("--env", default="alfworld")
-    parser.add_argument("--split", default="train")
-    parser.add_argument("--episodes", type=int, default=0, help="tasks to play (0: all)")
-    parser.add_argument("--env-servers", default="", help="comma-separated targets; empty starts a local server")
-    parser.add_argument("--epochs", type=float, default=1.0)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--lr-decay", action="store_true", help="decay the learning rate linearly after warm-up")
-    parser.add_argument("--prompt-loss-weight", type=float, default=0.0,
-                        help="also fit the prompt tokens at this weight (helps random-init models)")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    parser = configuration.Parser(prog="python -m trainer_client.sft", description=__doc__.split("\n\n")[0])
+    configuration.add_config_arguments(parser, SFTJob, dry_run=True)
+    args = parser.parse_intermixed_args(argv)
+    job = configuration.config_from_args(SFTJob, parser, args)
+    report = check_sft(job)
+    if args.dry_run:
+        configuration.print_config(job)
+        report.show()
+    report.fail_if_any(parser.prog)
+    if args.dry_run:
+        return 0
 
     async def load_episodes() -> list[ExpertEpisode]:
-        if args.data:
-            return read_jsonl(args.data)
-        servers = [s for s in args.env_servers.split(",") if s]
-        async with local_env_server([args.env]) if not servers else contextlib.nullcontext(None) as target:
-            async with EnvPool(servers or [target]) as pool:
-                task_ids = sorted(await pool.list_tasks(args.env, args.split))
-                task_ids = random.Random(args.seed).sample(task_ids, min(len(task_ids), args.episodes or len(task_ids)))
-                return await expert_episodes(pool, args.env, args.split, task_ids, args.seed)
+        if job.data:
+            return read_jsonl(job.data)
+        env = job.env
+        async with local_env_server([env.name], env.server_args) if not env.servers else contextlib.nullcontext(None) as target:
+            async with EnvPool(list(env.servers) or [target]) as pool:
+                task_ids = sorted(await pool.list_tasks(env.name, env.split))
+                task_ids = random.Random(job.seed).sample(task_ids, min(len(task_ids), job.episodes or len(task_ids)))
+                return await expert_episodes(pool, env.name, env.split, task_ids, job.seed)
 
     episodes = asyncio.run(load_episodes())
-    policy = Policy.load(args.checkpoint)
+    policy = Policy.load(job.checkpoint)
     samples = expert_samples(policy.tokenizer, episodes, PromptConfig())
-    losses = sft(policy, samples, epochs=args.epochs, lr=args.lr, lr_decay=args.lr_decay,
-                 prompt_loss_weight=args.prompt_loss_weight, seed=args.seed)
-    policy.save(args.out)
-    print(f"sft: {len(episodes)} episodes, {len(samples)} turns, final loss {losses[-1]:.4f} -> {args.out}")
+    losses = sft(policy, samples, epochs=job.epochs, lr=job.lr, lr_decay=job.lr_decay,
+                 prompt_loss_weight=job.prompt_loss_weight, seed=job.seed)
+    policy.save(job.out)
+    print(f"sft: {len(episodes)} episodes, {len(samples)} turns, final loss {losses[-1]:.4f} -> {job.out}")
     return 0
 
 

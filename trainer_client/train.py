@@ -9,7 +9,6 @@ Each iteration reseeds torch from (seed, iteration), so a resumed run samples wh
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -26,7 +25,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trainer_client import configuration, distributed
+from trainer_client import cli, configuration, distributed
 from trainer_client.algorithms import (
     AdvantageConfig, Advantages, EstimatorNeeds, LossConfig, ValueSource, explained_variance, get_estimator,
     masked_mean,
@@ -506,15 +505,21 @@ def value_metrics(batch, advantages: Advantages, needs) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="limen-train", description="Train a policy with RL over limen env servers.")
-    parser.add_argument("--config", help="YAML preset (see configs/)")
+    parser = configuration.Parser(prog="limen-train", description="Train a policy with RL over limen env servers.")
+    configuration.add_config_arguments(parser, TrainConfig, dry_run=True)
     parser.add_argument("--resume", action="store_true", help="continue from the run dir's latest checkpoint")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. optim.lr=1e-6 env.servers=[h:50051]")
-    args = parser.parse_args(argv)
-    try:
-        cfg = configuration.load(TrainConfig, args.config, args.overrides)
-    except configuration.ConfigError as error:
-        parser.error(str(error))
+    args = parser.parse_intermixed_args(argv)
+    cfg = configuration.config_from_args(TrainConfig, parser, args)
+    report = cli.check_train(cfg)
+    if args.dry_run:
+        configuration.print_config(cfg)
+        report.show()
+    report.fail_if_any(parser.prog)
+    if args.dry_run:
+        return 0
+    # A tiny-model:SIZE spec becomes the checkpoint it names (built once, cached) before the run loads it.
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=cli.resolve_tiny_model(
+        cfg.model.path, cfg.env.name, cfg.env.train_split, cfg.env.servers, cfg.env.server_args, cfg.prompt, cfg.seed)))
     asyncio.run(train(cfg, resume=args.resume))
     return 0
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import yaml
 
+from trainer_client.cli import EnvTarget
 from trainer_client.evaluate import (
     ALFWORLD_CATEGORIES, EVAL_TEMPERATURE, EvalJob, find_run_config, job_settings, mean_curve, mean_std,
     plot_curves, results_table, subset, summarize_results,
@@ -99,11 +100,11 @@ def test_job_settings_take_the_runs_prompt_and_the_eval_temperature(tmp_path):
     (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump({
         "algo": "gigpo", "prompt": {"history_obs_max_words": 12}, "rollout": {"max_new_tokens": 48, "max_turns": 5}}))
     assert find_run_config(checkpoint) == tmp_path / "run" / "config.yaml"
-    label, prompts, rollout = job_settings(EvalJob(checkpoint=str(checkpoint), env="toy"))
+    label, prompts, rollout = job_settings(EvalJob(checkpoint=str(checkpoint), env=EnvTarget("toy")))
     assert label == "gigpo" and prompts.history_obs_max_words == 12 and prompts.example == ""
     assert rollout.temperature == EVAL_TEMPERATURE and rollout.max_new_tokens == 48
     assert rollout.max_turns == 0  # the env's own limit, as the anchor evaluates, unless asked
-    label, prompts, rollout = job_settings(EvalJob(checkpoint=str(checkpoint), env="toy", prompting="react",
+    label, prompts, rollout = job_settings(EvalJob(checkpoint=str(checkpoint), env=EnvTarget("toy"), prompting="react",
                                                    max_turns=3))
     assert label == "policy (react)" and prompts.example == worked_example("toy") and rollout.max_turns == 3
 
