@@ -42,9 +42,15 @@ def test_generation_over_http_bans_reserved_ids_and_keeps_order(policy, sync):
             prompts = prompts_of(policy, 6)
             sampling = SamplingConfig(max_new_tokens=24, temperature=1.0, seed=7)
             completions = backend.generate(prompts, sampling)
+            seeds = [1000 + 7 * i for i in range(6)]
+            seeded = backend.generate(prompts, SamplingConfig(max_new_tokens=24, temperature=1.0), seeds=seeds)
         finally:
             backend.close()
     assert max(t for c in completions for t in c.token_ids) < policy.n_policy_tokens
+    # Per-request seeds go over the wire as each request's seed: the same tokens as the local batched sampler.
+    local_seeded = TransformersBackend.from_policy(policy).generate(
+        prompts, SamplingConfig(max_new_tokens=24, temperature=1.0), seeds=seeds)
+    assert [c.token_ids for c in seeded] == [c.token_ids for c in local_seeded] != [c.token_ids for c in completions]
     # Request i carries seed 7 + i: each answer is what the same model samples for that prompt alone.
     local = TransformersBackend.from_policy(policy)
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):

@@ -109,12 +109,11 @@ def inverse_cdf(probabilities: Tensor, uniforms: Tensor) -> Tensor:
     cumulative probability exceeds u x total. Each row reads only its own uniform, unlike
     torch.multinomial, whose draws for a row depend on the rows before it."""
     cdf = probabilities.cumsum(-1)
-    target = uniforms.to(cdf) * cdf[:, -1]
-    ids = torch.searchsorted(cdf, target[:, None].contiguous(), right=True).squeeze(-1)
-    # u x total can round up to the total: fall back to the last id with probability > 0.
-    positions = torch.arange(probabilities.shape[-1], device=probabilities.device)
-    last_positive = torch.where(probabilities > 0, positions, 0).amax(-1)
-    return torch.minimum(ids, last_positive)
+    total = cdf[:, -1]
+    # Strictly below the total (u x total can round up to it), so the first cdf entry above the target is
+    # an id whose probability is > 0: adding a zero leaves the cdf where it was.
+    target = torch.minimum(uniforms.to(cdf) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target[:, None].contiguous(), right=True).squeeze(-1)
 
 
 def sample_next(logits: Tensor, n_policy_tokens: int, sampling: SamplingConfig,
