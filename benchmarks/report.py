@@ -529,12 +529,17 @@ def selected(spec: str) -> list[Benchmark]:
     return [b for b in runnable if b.name in names]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", default="default", help="default | all | none | NAME,... (see BENCHMARKS)")
     parser.add_argument("--results", type=Path, default=ROOT / "artifacts" / "bench", help="JSON, logs, manifest")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
     parser.add_argument("--timeout-s", type=float, default=1200.0, help="per command")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     args.results.mkdir(parents=True, exist_ok=True)
     manifest_path = args.results / "manifest.json"

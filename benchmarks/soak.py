@@ -225,7 +225,7 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=parse_episodes, default=DEFAULT_EPISODES,
                         help=f"ENV=COUNT,... episodes per env (default: {DEFAULT_EPISODES})")
@@ -237,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-fraction", type=float, default=0.1, help="samples left out before growth is measured")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("artifacts/soak"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     result = asyncio.run(soak(args))
     (args.out / "soak.json").write_text(json.dumps(result, indent=1))

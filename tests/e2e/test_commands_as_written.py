@@ -199,9 +199,35 @@ def doc_commands() -> list[Command]:
             for line in shell_blocks(path) for argv in line_commands(line)]
 
 
+# Generated from the commands its generator ran (benchmarks/report.py, `make bench`): each is run there, for real.
+GENERATED_DOCS = {"docs/BENCHMARKS.md"}
+LAUNCHER = re.compile(r"^(\w+=\S+\s+)*(limen-[a-z-]+|(\S*/)?python3?|torchrun|make|docker|kubectl)\s")
+# A usage synopsis, not a command: placeholders (<name>, a|b, DIR ...) or optional parts ( [--flag]).
+SYNOPSIS = re.compile(r"[<>|]| \[|\.\.\.")
+# Inline mentions that name a tool in prose rather than give a command line to run.
+NAMES_NOT_COMMANDS = {"limen-data fetch", "kubectl kustomize"}
+
+
+def inline_commands() -> list[Command]:
+    """Whole commands written inline in the prose (`make soak`, `python benchmarks/x.py --flag ...`)."""
+    commands = []
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        source = str(path.relative_to(REPO))
+        if source in GENERATED_DOCS:
+            continue
+        prose = re.sub(r"^\s*```.*?^\s*```", "", path.read_text(), flags=re.M | re.S)
+        for span in re.findall(r"`([^`\n]+)`", prose):
+            if (LAUNCHER.match(span) and LIMEN_WORDS.search(span) and not SYNOPSIS.search(span)
+                    and span not in NAMES_NOT_COMMANDS):
+                argv = tuple(os.path.expandvars(w) for w in shlex.split(span))
+                if normalize(argv)[:2] != ["python", "-m"] or len(normalize(argv)) > 3:  # not a bare module name
+                    commands.append(Command(f"{source} (inline)", argv))
+    return list(dict.fromkeys(commands))  # a command the prose repeats is checked once
+
+
 def all_commands() -> list[Command]:
     return [*compose_commands(), *dockerfile_commands(), *k8s_commands(), *entrypoint_script_commands(),
-            *doc_commands()]
+            *doc_commands(), *inline_commands()]
 
 
 # ---- running them through their parsers ---------------------------------------------------------------------
@@ -363,7 +389,7 @@ def check_compose_command(args: list[str]) -> None:
         if flag == "--profile":
             assert value in profiles, f"profile {value!r} not in compose.yaml ({sorted(profiles)})"
     verb, *rest = rest
-    assert verb in ("up", "config", "down"), verb
+    assert verb in ("up", "config", "down", "stop"), verb
     while rest:
         word = rest.pop(0)
         if word == "--scale":
@@ -418,6 +444,7 @@ def test_every_source_has_its_commands():
     assert counts["deploy/k8s/base/deployment.yaml"] == 3 and counts["deploy/k8s/trainer/job.yaml"] == 1
     assert counts["scripts/env-entrypoint.sh"] == 3
     assert counts["README.md"] >= 6 and counts["docs/DEPLOY.md"] >= 10 and counts["docs/GPU.md"] >= 5
+    assert counts["README.md (inline)"] >= 10
 
 
 def test_every_line_that_names_a_limen_program_yields_a_command():
