@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from trainer_client import configuration
+from trainer_client import configuration, paired
 from trainer_client.env_pool import EnvPool
 from trainer_client.evaluate import EVAL_TEMPERATURE, EvalResult, evaluate
 from trainer_client.local_server import local_env_server
@@ -67,7 +67,12 @@ def plot(out: Path, sft_losses: list[float], metrics: list[dict], before: EvalRe
     parts = f"expert replies + {prompt_loss_weight:g} x prompts" if prompt_loss_weight else "expert replies"
     axes[0].set(title=f"SFT loss ({parts})", xlabel="step", ylabel="-log p per token")
     its = [m["iteration"] for m in metrics]
-    axes[1].plot(its, [m["rollout/success"] for m in metrics], label="train rollouts (T=1.0)")
+    success = [m["rollout/success"] for m in metrics]
+    axes[1].plot(its, success, label="train rollouts (T=1.0)", alpha=0.5)
+    window = 4   # one iteration's 32-64 episodes are noisy; the running mean shows the trend
+    running = [sum(success[max(0, i + 1 - window):i + 1]) / len(success[max(0, i + 1 - window):i + 1])
+               for i in range(len(success))]
+    axes[1].plot(its, running, label=f"running mean of {window}", color="#2a7ab9", linewidth=2)
     axes[1].plot(its, [m["rollout/valid_action_ratio"] for m in metrics], label="valid-format ratio", alpha=0.6)
     axes[1].set(title="RL (boundary critic)", xlabel="iteration", ylim=(0, 1.05))
     axes[1].legend()
@@ -155,9 +160,12 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
             latest = out / "rl" / "checkpoints" / (out / "rl" / "checkpoints" / "latest").read_text().strip()
             after = await held_out(pool, cfg, eval_ids, latest / "policy")
             note(f"held-out success after RL: {counts(after)}")
+            gain = paired.compare(paired.outcome_values([before]), paired.outcome_values([after]), seed=cfg.seed)
+            note(f"paired on the same games and sampling seeds: {gain.describe()}")
 
     metrics = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines() if line]
     (out / "results.json").write_text(json.dumps({"sft": before.as_dict(), "rl": after.as_dict(),
+                                                  "paired_gain": dataclasses.asdict(gain),
                                                   "seconds": time.perf_counter() - started}, indent=2))
     note(f"curve: {plot(out, sft_losses, metrics, before, after, cfg.sft_prompt_loss_weight)}")
     return before, after

@@ -63,6 +63,9 @@ class EnvConfig:
     name: str = "alfworld"
     train_split: str = "train"
     eval_split: str = ""
+    report_splits: tuple[str, ...] = ()
+    """More splits evaluated beside eval_split at the same cadence, logged as eval/<split>/... (e.g. ALFWorld's
+    out-of-distribution valid_unseen beside the anchor's in-distribution valid_seen)."""
     servers: tuple[str, ...] = ()
     """host:port or dns:///name:port targets; empty starts a local env server for this run."""
     server_args: tuple[str, ...] = ()
@@ -82,6 +85,12 @@ class OptimConfig:
     """AdamW's epsilon. Tiny models want ~1e-5 (as PPO implementations use): at 1e-8, parameters whose
     gradient is only noise still step by ~lr each update, and the policy drifts."""
     grad_clip: float = 1.0
+    """Gradient-norm clip of the model (backbone and output layer)."""
+    value_grad_clip: float = 1.0
+    """Gradient-norm clip of the two value rows, apart from the model's (update.ppo_policy_update)."""
+    grad_sources_every: int = 0
+    """Every this many iterations, log the backbone gradient norm from the policy loss and from the value
+    loss separately (grad/backbone_from_*; two extra backward passes over one micro-batch). 0: never."""
     epochs: int = 1
     mini_batch_turns: int = 256
     micro_batch_tokens: int = 16384
@@ -241,7 +250,8 @@ def load_learner(cfg: TrainConfig, needs: EstimatorNeeds, checkpoint: Path | Non
     return learner
 
 
-def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, timer: Timer) -> dict[str, float]:
+def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, timer: Timer,
+          iteration: int = 0) -> dict[str, float]:
     """Steps 2-4 of an iteration on finished episodes: readout, advantages, updates. Returns the metrics."""
     estimator = get_estimator(cfg.algo)
     needs = estimator.needs(cfg.advantage)
@@ -249,12 +259,12 @@ def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, tim
 
     # 2. Readout (no grad): old log-probs, entropy, and V, Q from the policy's own backbone. A stage an
     #    algorithm does not have is not entered, so its time stays exactly 0.
-    with timer("old_log_prob"):
-        old = policy_readout(learner.policy, samples, tokens)
+    with timer("old_log_prob"):  # at the sampling temperature, as the sampler drew the tokens
+        old = policy_readout(learner.policy, samples, tokens, cfg.rollout.temperature)
     ref = critic_values = last_values = None
     if learner.reference is not None:
         with timer("ref"):
-            ref = policy_readout(learner.reference, samples, tokens)
+            ref = policy_readout(learner.reference, samples, tokens, cfg.rollout.temperature)
     if learner.critic is not None:
         with timer("values"):
             critic_values = critic_readout(learner.critic, samples, learner.pad, tokens)
@@ -277,7 +287,9 @@ def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, tim
         metrics |= ppo_policy_update(
             learner.policy, learner.optimizer, samples, targets, cfg.loss, epochs=cfg.optim.epochs,
             mini_batch_turns=cfg.optim.mini_batch_turns, micro_batch_tokens=tokens,
-            grad_clip=cfg.optim.grad_clip, pad_id=learner.pad)
+            grad_clip=cfg.optim.grad_clip, pad_id=learner.pad, value_grad_clip=cfg.optim.value_grad_clip,
+            temperature=cfg.rollout.temperature,
+            measure_gradient_sources=bool(cfg.optim.grad_sources_every) and iteration % cfg.optim.grad_sources_every == 0)
     return metrics
 
 
@@ -370,10 +382,10 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
             transport=cfg.env.transport, allow_mixed_versions=cfg.env.allow_mixed_versions)))
         sampler = TaskSampler(await pool.list_tasks(cfg.env.name, cfg.env.train_split), cfg.seed,
                               state["sampler_position"] if state else 0)
-        eval_tasks = []
-        if cfg.env.eval_split and cfg.eval_every:
-            eval_tasks = sorted(await pool.list_tasks(cfg.env.name, cfg.env.eval_split))
-            eval_tasks = eval_tasks[:cfg.eval_episodes] if cfg.eval_episodes else eval_tasks
+        eval_tasks: dict[str, list[str]] = {}   # split -> its tasks; the first is env.eval_split
+        for split in ((cfg.env.eval_split, *cfg.env.report_splits) if cfg.env.eval_split and cfg.eval_every else ()):
+            tasks = sorted(await pool.list_tasks(cfg.env.name, split))
+            eval_tasks[split] = tasks[:cfg.eval_episodes] if cfg.eval_episodes else tasks
 
         progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=console)
@@ -399,19 +411,21 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
 
                 # 2-4. Readout, advantages, updates; then the next rollout samples from the new weights.
                 distributed.reseed_together(iteration_seed(cfg.seed, iteration))   # the same mini-batches
-                metrics |= learn(learner, episodes, cfg, timer)
+                metrics |= learn(learner, episodes, cfg, timer, iteration)
                 with timer("update_actor"):
                     distributed.copy_full_weights(policy, generator)
                     backend.update_weights(generator)
 
                 if eval_tasks and context.is_main and (iteration + 1) % cfg.eval_every == 0:
-                    with timer("eval"):
-                        result = await evaluate(pool, backend, policy.tokenizer, cfg.env.name, cfg.env.eval_split,
-                                                eval_tasks, dataclasses.replace(cfg.rollout, temperature=EVAL_TEMPERATURE),
-                                                cfg.prompt, seed=cfg.seed)
-                    metrics["eval/success"] = result.success
-                    metrics["eval/score"] = result.score
-                    metrics |= {f"eval/success/{k}": c.success for k, c in result.by_category.items()}
+                    for position, (split, tasks) in enumerate(eval_tasks.items()):
+                        with timer("eval"):
+                            result = await evaluate(pool, backend, policy.tokenizer, cfg.env.name, split, tasks,
+                                                    dataclasses.replace(cfg.rollout, temperature=EVAL_TEMPERATURE),
+                                                    cfg.prompt, seed=cfg.seed)
+                        prefix = "eval" if position == 0 else f"eval/{split}"
+                        metrics[f"{prefix}/success"] = result.success
+                        metrics[f"{prefix}/score"] = result.score
+                        metrics |= {f"{prefix}/success/{k}": c.success for k, c in result.by_category.items()}
                 metrics |= {f"time/{k}": v for k, v in timer.seconds.items()}
                 metrics["time/rollout"] = rollout_times.wall_s
                 metrics["time/iteration"] = timer.iteration_s
@@ -462,7 +476,7 @@ def update_targets(batch, advantages: Advantages, old, ref, needs) -> UpdateTarg
         old_values=old.values if boundary else None,
         old_q_values=old.q_values if boundary else None,
         returns=advantages.returns[mask] if boundary else None,
-        q_returns=advantages.q_returns[mask] if boundary else None,
+        q_returns=advantages.q_returns[mask] if boundary and advantages.q_returns is not None else None,
     )
 
 
@@ -490,15 +504,17 @@ def sampler_drift(episodes: list[EpisodeRecord], old) -> dict[str, float]:
 
 
 def value_metrics(batch, advantages: Advantages, needs) -> dict[str, float]:
-    """How well the values explain their targets (before this iteration's update)."""
+    """How well the values explain their targets (before this iteration's update), and the batch std the
+    advantages were divided by (before its floor)."""
+    out = {} if advantages.raw_std is None else {"advantage/raw_std": float(advantages.raw_std)}
     if needs.values is ValueSource.NONE or advantages.returns is None:
-        return {}
+        return out
     if needs.values is ValueSource.CRITIC_TOKEN:
         values, mask = batch.token_values, batch.token_mask
     else:
         values, mask = batch.values, batch.mask
-    out = {"values/explained_variance": float(explained_variance(values, advantages.returns, mask)),
-           "values/mean": float(values[mask].mean())}
+    out |= {"values/explained_variance": float(explained_variance(values, advantages.returns, mask)),
+            "values/mean": float(values[mask].mean())}
     if advantages.q_returns is not None:
         out["values/q_explained_variance"] = float(explained_variance(batch.q_values, advantages.q_returns, batch.mask))
     return out
