@@ -237,7 +237,12 @@ class CommandLineError(SystemExit):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (`prog: error: ...`), not the usage text first."""
+    """argparse, but a usage error is one line (`prog: error: ...`), not the usage text first, and no flag is
+    taken for a longer one it begins (`--seed` is not `--seeds`: a flag means one key wherever it is given)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
         fail(self.prog, message)

@@ -461,6 +461,21 @@ def test_command_is_accepted_by_its_parser(command, in_checkout):
     run_through_parser(command, in_checkout)
 
 
+@pytest.mark.parametrize("argv", [
+    ("limen-train", "--config", "configs/alfworld.yaml", "--env-servers", "dns:///env-alfworld:50051"),  # issue 15
+    ("limen-entrypoint", "--envs", "alfworld", "--no-such-flag", "1"),
+    ("limen-eval", "--checkpoint", "runs/x/policy", "--split", "valid_seen", "--seed", "0,1"),
+    ("make", "no-such-target"),
+    ("docker", "compose", "--profile", "gpu", "up"),
+    ("kubectl", "apply", "-k", "deploy/k8s/overlays/maze"),
+])
+def test_a_broken_command_fails_its_check(argv, in_checkout):
+    """The checks can fail: commands as they were (or might be) written wrong are refused."""
+    make_named_checkpoints(Command("broken", argv), in_checkout)
+    with pytest.raises((AssertionError, SystemExit, ValueError)):
+        run_through_parser(Command("broken", argv), in_checkout)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--config", "configs/alfworld.yaml"], "config file configs/alfworld.yaml does not exist"),
     (["--config", "configs/alfworld_cpu-tiny.yaml", "optim.lrr=1"], "optim: unknown key(s) ['lrr']"),
