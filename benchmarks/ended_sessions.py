@@ -8,6 +8,11 @@ played to their end over unary Reset/Step on a real gRPC channel, none closed (a
 Close would); then --samples sequential Reset+Close pairs, timed at the client. Reports their median and
 p90 in ms, and how many sessions the server's table still held when measured.
 
+--fill table plays one episode over the wire and records N-1 copies of it (fresh result objects, same
+text) straight into the server's session table, as its own calls would: for code whose every call scans the
+table, filling 10,000 over the wire takes hours on a loaded machine. The timed Reset+Close pairs always go
+over the wire.
+
 `--set key=value` sets a ServerConfig field (repeatable), e.g. to keep every finished session so that the
 table really holds N. To measure older code, put its checkout first on the import path:
     PYTHONPATH=/tmp/before:/tmp/before/proto .venv/bin/python benchmarks/ended_sessions.py ...
@@ -70,6 +75,27 @@ async def play_unclosed(stub, task_ids: list[str], count: int) -> None:
     await asyncio.gather(*(driver() for _ in range(FILL_CONCURRENCY)))
 
 
+async def record_unclosed(stub, backend, task_id: str, count: int) -> None:
+    """One episode over the wire, then `count - 1` copies of it recorded into the table directly (the
+    same calls the server makes: open, then record each transition)."""
+    from env_server.episode import EpisodeSpec, Transition
+
+    if count < 1:
+        return
+    t = await stub.Reset(env_pb2.ResetRequest(env="toy", split="train", task_id=task_id))
+    while not (t.terminated or t.truncated):
+        t = await stub.Step(env_pb2.StepRequest(session_id=t.session_id, step_index=t.step_index + 1,
+                                                action=t.info["expert_action"].encode()))
+    table = backend.table
+    model = table.get(t.session_id)
+    actions = [None, *model.actions]
+    for i in range(1, count):
+        session, _ = table.open(EpisodeSpec("toy", "train", task_id, seed=i))
+        for played, action in zip(model.transitions, actions, strict=True):
+            table.record(session, Transition(session.session_id, played.step_index, session.spec,
+                                             dataclasses.replace(played.result), played.version), action)
+
+
 async def reset_close_ms(stub, task_id: str, pairs: int) -> list[float]:
     latencies = []
     for i in range(pairs):
@@ -80,16 +106,20 @@ async def reset_close_ms(stub, task_id: str, pairs: int) -> list[float]:
     return latencies
 
 
-async def measure(config: ServerConfig, unclosed: int, samples: int) -> dict:
+async def measure(config: ServerConfig, unclosed: int, samples: int, fill: str) -> dict:
     async with serve(config) as running, grpc.aio.insecure_channel(running.address) as channel:
         stub = env_pb2_grpc.EnvServiceStub(channel)
         task_ids = list((await stub.ListTasks(env_pb2.ListTasksRequest(env="toy", split="train"))).task_ids)
         fill_started = time.perf_counter()
-        await play_unclosed(stub, task_ids, unclosed)
+        if fill == "wire":
+            await play_unclosed(stub, task_ids, unclosed)
+        else:
+            await record_unclosed(stub, running.backend, task_ids[1], unclosed)
         fill_s = time.perf_counter() - fill_started
         await reset_close_ms(stub, task_ids[0], WARMUP_PAIRS)
         latencies = await reset_close_ms(stub, task_ids[0], samples)
-        return {"unclosed": unclosed, "sessions_held": len(running.backend.table), "fill_s": round(fill_s, 1),
+        return {"unclosed": unclosed, "fill": fill, "sessions_held": len(running.backend.table),
+                "fill_s": round(fill_s, 1),
                 "median_ms": round(statistics.median(latencies), 3), "p90_ms": round(percentile(latencies, 90), 3),
                 "samples": samples}
 
@@ -110,17 +140,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--unclosed", default="0,3000,10000", help="comma-separated levels of unclosed episodes")
     parser.add_argument("--samples", type=int, default=300, help="Reset+Close pairs timed per level")
+    parser.add_argument("--fill", choices=("wire", "table"), default="wire",
+                        help="play the unclosed episodes over the wire, or record copies of one into the table")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a ServerConfig field")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     overrides = dict(item.split("=", 1) for item in args.set)
     config = config_with(overrides)
-    report = {"code": code_revision(), "server_config": overrides, "loadavg_before": os.getloadavg(),
+    report = {"code": code_revision(), "server_config": overrides, "fill": args.fill, "loadavg_before": os.getloadavg(),
               "cpus": len(os.sched_getaffinity(0)), "levels": []}
-    print(f"code: {report['code']}; overrides: {overrides or 'none'}; load {report['loadavg_before']}",
+    print(f"code: {report['code']}; fill: {args.fill}; overrides: {overrides or 'none'}; "
+          f"load {report['loadavg_before']}",
           file=sys.stderr)
     for level in (int(n) for n in args.unclosed.split(",")):
-        result = asyncio.run(measure(config, level, args.samples))
+        result = asyncio.run(measure(config, level, args.samples, args.fill))
         result["loadavg"] = os.getloadavg()
         report["levels"].append(result)
         print(f"{level:>6} unclosed finished ({result['sessions_held']:>6} held, filled in {result['fill_s']:>6} s): "
