@@ -61,7 +61,8 @@ def check_run(name: str, rows: list[dict], run_dir: Path, model: Path, iteration
             if isinstance(value, float) and key not in MAY_BE_NAN:
                 assert math.isfinite(value), f"{name}: {key} = {value}"
         assert {"loss/policy", "loss/kl", "policy/grad_norm", "policy/entropy"} <= row.keys()
-        assert ("loss/value" in row) == ("loss/q_value" in row) == (name == "boundary")
+        assert ("loss/value" in row) == ("values/grad_norm" in row) == (name == "boundary")
+        assert "loss/q_value" not in row   # the default advantage (gae_v) reads no Q, so Q is not trained
         assert ("critic/loss" in row) == reads_critic
         # Rollouts come from the weights being trained: the sampler's log-probs are the learner's (T = 1).
         assert row["policy/sampler_drift"] < 1e-4, row["policy/sampler_drift"]
