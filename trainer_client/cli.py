@@ -16,6 +16,7 @@ import json
 import os
 import random
 import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +54,6 @@ class Preflight:
             configuration.fail(prog, "; ".join(self.problems))
 
     def show(self, file=None) -> None:
-        import sys
         for note in self.notes:
             print(f"# dry-run: {note}", file=file or sys.stdout)
 
@@ -251,6 +251,8 @@ def check_eval(job) -> Preflight:
     """limen-eval's dry run: the checkpoint, the run config and the split of an EvalJob."""
     report = Preflight()
     check_model(job.checkpoint, "checkpoint", report)
+    if tiny_model_size(job.checkpoint) is not None:
+        report.problems.append(f"checkpoint {job.checkpoint}: evaluate a trained checkpoint, not an untrained tiny model")
     if job.run_config and not Path(job.run_config).is_file():
         report.problems.append(f"run_config {job.run_config} does not exist")
     check_servers(job.env.servers, report)

@@ -24,7 +24,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trainer_client.cli import EnvTarget, check_sft
+from trainer_client.cli import EnvTarget, check_sft, resolve_tiny_model
 from trainer_client.env_pool import EnvPool
 from trainer_client.env_types import EnvPoolError
 from trainer_client.experience import pad_id
@@ -234,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
                 return await expert_episodes(pool, env.name, env.split, task_ids, job.seed)
 
     episodes = asyncio.run(load_episodes())
-    policy = Policy.load(job.checkpoint)
+    # A tiny-model:SIZE start is built (or taken from the cache) from the same env, as limen-train does.
+    policy = Policy.load(resolve_tiny_model(job.checkpoint, job.env.name, job.env.split, job.env.servers,
+                                            job.env.server_args, PromptConfig(), job.seed))
     samples = expert_samples(policy.tokenizer, episodes, PromptConfig())
     losses = sft(policy, samples, epochs=job.epochs, lr=job.lr, lr_decay=job.lr_decay,
                  prompt_loss_weight=job.prompt_loss_weight, seed=job.seed)
