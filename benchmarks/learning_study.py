@@ -21,7 +21,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import argparse  # noqa: E402  (after the thread settings)
 import asyncio  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
@@ -842,20 +841,19 @@ def commit(paths: Sequence[Path], message: str, attempts: int = 30) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="learning_study.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", help="YAML (configs/study.yaml, configs/study_smoke.yaml)")
+    parser = configuration.Parser(prog="learning_study.py", description=__doc__.split("\n\n")[0])
+    configuration.add_config_arguments(parser, StudyConfig, dry_run=True)  # configs/study.yaml, study_smoke.yaml
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--estimate", action="store_true", help="time SFT and a few iterations per arm, project the total")
     mode.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from the results files")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--commit", action="store_true",
                         help="after each finished seed, git-commit summary.json, the results copies and RESULTS.md")
-    parser.add_argument("overrides", nargs="*", help="key=value, e.g. seeds=[0] rl.iterations=4")
     args = parser.parse_intermixed_args(argv)
-    try:
-        cfg = configuration.load(StudyConfig, args.config, args.overrides)
-    except (configuration.ConfigError, ValueError) as error:
-        parser.error(str(error))
+    cfg = configuration.config_from_args(StudyConfig, parser, args)
+    if args.dry_run:
+        configuration.print_config(cfg)
+        return 0
     if args.commit and args.estimate:
         parser.error("--commit publishes finished seeds; --estimate finishes none")
     if not args.report_only:
