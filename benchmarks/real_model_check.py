@@ -145,6 +145,10 @@ async def run(cfg: CheckConfig, console: Console) -> dict:
     def phase(name: str, since: float) -> None:
         seconds[name] = round(time.perf_counter() - since, 1)
 
+    def save() -> None:  # after each phase: a run stopped part-way keeps what it finished
+        results["peak_rss"] = peak_rss_mib()
+        (out / "results.json").write_text(json.dumps(results, indent=2))
+
     # 1. The checkpoint, and the policy loaded from its folder as any other.
     t = time.perf_counter()
     model = PACKAGED_MODELS[cfg.model]
@@ -194,6 +198,7 @@ async def run(cfg: CheckConfig, console: Console) -> dict:
                 note(f"{label}: success {result.success:.3f} on {result.total.episodes} games "
                      f"{category_success(result)}, {sum(turns)} turns, valid replies "
                      f"{results[label]['valid_action_ratio']:.2f}, dropped {result.dropped} ({seconds[label]} s)")
+                save()
                 return result
 
             # 2. Prompting baselines.
@@ -222,6 +227,7 @@ async def run(cfg: CheckConfig, console: Console) -> dict:
                 "step_losses": losses}
             note(f"SFT: {len(experts)} expert episodes, {len(samples)} turns, {len(losses)} steps; reply loss on "
                  f"{len(probe)} probe turns {loss_before:.3f} -> {loss_after:.3f} ({seconds['sft_train']} s)")
+            save()
             sft_result = await play("sft", base_prompt, dataclasses.replace(
                 eval_rollout, max_new_tokens=rl_cfg.rollout.max_new_tokens))
 
@@ -249,6 +255,7 @@ async def run(cfg: CheckConfig, console: Console) -> dict:
             note(f"RL ({rl_run.algo}): {len(metrics)} iteration(s) of {rl_run.episodes_per_iteration} episodes; "
                  f"mean iteration {breakdown.get('iteration', float('nan')):.1f} s: "
                  + ", ".join(f"{k} {v:.1f}" for k, v in breakdown.items() if k != "iteration"))
+            save()
 
             if cfg.eval_after_rl and metrics:
                 latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip() / "policy"
