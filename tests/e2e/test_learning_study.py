@@ -173,6 +173,7 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
 
 
+@pytest.mark.timeout(900)   # a whole smoke seed: over the default 300 s on 2 cores shared by ~20 busy processes
 def test_commit_publishes_each_finished_seed_and_only_its_paths(study, smoke_run, tmp_path):
     # Last in this file: it adds seed 1 to the smoke run.
     repo = tmp_path / "repo"
