@@ -20,6 +20,7 @@ import torch
 from rich.console import Console
 
 from benchlib import add_demo_config_args, load_demo_config
+from trainer_client import paired
 from trainer_client.demo import DemoConfig, demo_env_server, held_out, rl_config
 from trainer_client.env_pool import EnvPool
 from trainer_client.train import train
@@ -32,12 +33,18 @@ async def run(cfg: DemoConfig, sft_dir: Path, out: Path) -> list[dict]:
         eval_ids = sorted(await pool.list_tasks(cfg.env, cfg.eval_split))[:cfg.eval_episodes]
         torch.manual_seed(cfg.seed)
         await train(rl_config(cfg, sft_dir, out, address), console=Console(stderr=True))
-        rows = []
+        rows, start = [], None
         saved = sorted((out / "checkpoints").glob("iter_*"))
         for label, checkpoint in [("start", sft_dir)] + [(p.name, p / "policy") for p in saved]:
             result = await held_out(pool, cfg, eval_ids, checkpoint)
             rows.append({"checkpoint": label, "success": result.success, "episodes": result.total.episodes,
                          "dropped": result.dropped})
+            outcomes = paired.outcome_values([result])
+            if start is None:
+                start = outcomes
+            else:  # the same games and sampling seeds as the start: a paired gain with its 95% interval
+                gain = paired.compare(start, outcomes, seed=cfg.seed)
+                rows[-1] |= {"paired_gain": gain.gain, "gain_ci95": [gain.lo, gain.hi]}
             print(json.dumps(rows[-1]), flush=True)
     (out / "held_out.json").write_text(json.dumps(rows, indent=1) + "\n")
     return rows

@@ -483,7 +483,7 @@ def test_std_floor_keeps_value_noise_small_when_no_episode_scored():
     the floor divides by max(std, floor) instead, so the policy step stays as small as the noise."""
     noise = [[0.01, -0.02, 0.015], [0.005, -0.01]]
     batch = make_batch([[0.0, 0.0, 0.0], [0.0, 0.0]], values=noise, q_values=[[0.0] * 3, [0.0] * 2])
-    plain = ADVANTAGE_ESTIMATORS["boundary"](batch, AdvantageConfig(gamma=1.0, lam=1.0))
+    plain = ADVANTAGE_ESTIMATORS["boundary"](batch, AdvantageConfig(gamma=1.0, lam=1.0, norm_std_floor=0.0))
     assert float(plain.advantages[batch.token_mask].std()) == pytest.approx(1.0, rel=0.3)
     floored = ADVANTAGE_ESTIMATORS["boundary"](batch, AdvantageConfig(gamma=1.0, lam=1.0, norm_std_floor=0.1))
     raw = T([[-0.01, 0.02, -0.015], [-0.005, 0.01, 0.0]])  # GAE with gamma = lam = 1: -V_t + r, terminal 0
@@ -495,7 +495,11 @@ def test_std_floor_keeps_value_noise_small_when_no_episode_scored():
     won = make_batch([[0.0, 0.0, 1.0], [0.0, 0.0]], values=noise, q_values=[[0.0] * 3, [0.0] * 2])
     torch.testing.assert_close(
         ADVANTAGE_ESTIMATORS["boundary"](won, AdvantageConfig(gamma=1.0, lam=1.0, norm_std_floor=0.1)).advantages,
-        ADVANTAGE_ESTIMATORS["boundary"](won, AdvantageConfig(gamma=1.0, lam=1.0)).advantages)
+        ADVANTAGE_ESTIMATORS["boundary"](won, AdvantageConfig(gamma=1.0, lam=1.0, norm_std_floor=0.0)).advantages)
+
+
+def test_the_default_floor_is_on():
+    assert AdvantageConfig().norm_std_floor == 0.2
 
 
 def test_batch_normalize_std_floor():

@@ -81,9 +81,12 @@ class AdvantageConfig:
     token_lam: float = 1.0  # verl form: verl's algorithm.lam
     norm_eps: float = 1e-8
     # Batch normalization divides by max(std, norm_std_floor): a batch whose episodes all scored the same
-    # has advantages made of value noise alone, and z-scoring would blow that noise up to unit size. With
-    # the floor, such a batch steps the policy by noise / floor instead (0 disables the floor).
-    norm_std_floor: float = 0.0
+    # has advantages made of value structure alone, and z-scoring would blow it up to unit size. Measured on
+    # the demo (benchmarks/no_signal_advantages.py, docs/measurements/no_signal_advantages.json): batches with
+    # rewards had a turn-advantage std of 0.24-0.25, the same batches with every reward zeroed 0.08-0.09. A
+    # floor of 0.2 leaves real batches (almost) as they were and scales a signal-free one to ~0.4 of unit
+    # size; a batch with a rare win gets a smaller step too. 0 disables the floor.
+    norm_std_floor: float = 0.2
 
     def __post_init__(self) -> None:
         _check_literals(self)
