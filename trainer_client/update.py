@@ -51,6 +51,17 @@ def _accumulate(metrics: dict[str, list[float]], name: str, value: Tensor | floa
         metrics[name].append(float(value))
 
 
+def clip_groups(optimizer: torch.optim.Optimizer) -> tuple[list[Tensor], list[Tensor]]:
+    """(model parameters, value-row parameters) as the optimizer holds them (Policy.parameter_groups names
+    them). Read from the optimizer, not the module: under FSDP2 the root unit's module attributes are
+    unsharded temporaries after a forward, and their .grad stays empty. An optimizer without named groups
+    is clipped as one."""
+    groups = {group.get("name"): group["params"] for group in optimizer.param_groups}
+    if "backbone" in groups:
+        return list(groups["backbone"]), list(groups.get("value_rows", []))
+    return [p for group in optimizer.param_groups for p in group["params"]], []
+
+
 def gradient_sources(losses: dict[str, Tensor], parameters: Sequence[Tensor]) -> dict[str, float]:
     """Norm of the gradient each loss alone sends into `parameters` (graphs kept for the real backward)."""
     norms = {}
@@ -75,7 +86,7 @@ def ppo_policy_update(policy, optimizer: torch.optim.Optimizer, samples: Sequenc
     """
     learn_values = targets.returns is not None
     learn_q = learn_values and targets.q_returns is not None
-    backbone = [p for p in policy.model.parameters() if p.requires_grad]
+    backbone, value_rows = clip_groups(optimizer)
     metrics: dict[str, list[float]] = defaultdict(list)
     policy.train()
     for epoch in range(epochs):
@@ -120,9 +131,8 @@ def ppo_policy_update(policy, optimizer: torch.optim.Optimizer, samples: Sequenc
                 _accumulate(metrics, "policy/approx_kl", actor.approx_kl)
             _accumulate(metrics, "loss/total", total)  # the mini-batch's loss (summed over ranks: see mean_metrics)
             _accumulate(metrics, "policy/grad_norm", torch.nn.utils.clip_grad_norm_(backbone, grad_clip))
-            if learn_values:
-                _accumulate(metrics, "values/grad_norm", torch.nn.utils.clip_grad_norm_([policy.value_rows],
-                                                                                         value_grad_clip))
+            if learn_values and value_rows:
+                _accumulate(metrics, "values/grad_norm", torch.nn.utils.clip_grad_norm_(value_rows, value_grad_clip))
             optimizer.step()
     return mean_metrics({k: sum(v) / len(v) for k, v in metrics.items()})
 
