@@ -71,6 +71,7 @@ def check_model(path: str, what: str, report: Preflight) -> None:
     from trainer_client.policy.tiny import TINY_SIZES
 
     size = tiny_model_size(path)
+    path = str(Path(path).expanduser()) if path and size is None else path   # as Policy.load reads it
     if size is not None:
         if size not in TINY_SIZES:
             report.problems.append(f"{what} {path}: unknown tiny size {size!r}; known: {sorted(TINY_SIZES)}")
@@ -242,6 +243,8 @@ def check_train(cfg) -> Preflight:
     check_split(cfg.env.name, cfg.env.train_split, "env.train_split", cfg.env.servers, cfg.env.server_args, report)
     if cfg.env.eval_split:
         check_split(cfg.env.name, cfg.env.eval_split, "env.eval_split", cfg.env.servers, cfg.env.server_args, report)
+    for split in cfg.env.report_splits:
+        check_split(cfg.env.name, split, "env.report_splits", cfg.env.servers, cfg.env.server_args, report)
     for split in getattr(cfg.env, "report_splits", ()):
         check_split(cfg.env.name, split, "env.report_splits", cfg.env.servers, cfg.env.server_args, report)
     return report

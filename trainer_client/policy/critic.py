@@ -35,6 +35,8 @@ class Critic(nn.Module):
              use_bf16_autocast: bool = False, gradient_checkpointing: bool = False) -> Critic:
         """The backbone of a causal-LM checkpoint (its output layer is not loaded), plus the value head
         saved beside it by `Critic.save`, or a zero head."""
+        if Path(name_or_path).expanduser().exists():   # a local dir, `~` as Policy.load takes it
+            name_or_path = Path(name_or_path).expanduser()
         backbone = AutoModel.from_pretrained(name_or_path, dtype=dtype)
         value_head = nn.Linear(backbone.get_input_embeddings().weight.shape[1], 1, dtype=torch.float32)
         head_file = Path(name_or_path) / VALUE_HEAD_FILE
