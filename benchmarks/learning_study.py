@@ -200,7 +200,6 @@ async def evaluate_policy(pool: EnvPool, policy: Policy, cfg: StudyConfig,
     for split, held_out in tasks.items():
         started, runs = time.perf_counter(), []
         for eval_seed in cfg.eval_seeds:
-            torch.manual_seed(eval_seed)
             result = await evaluate(pool, backend, policy.tokenizer, cfg.env, split, held_out.task_ids, rollout,
                                     cfg.rl.prompt, seed=eval_seed)
             runs.append({"seed": eval_seed, **result.as_dict()})

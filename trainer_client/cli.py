@@ -57,6 +57,15 @@ class Preflight:
         for note in self.notes:
             print(f"# dry-run: {note}", file=file or sys.stdout)
 
+    def settle(self, prog: str, config, dry_run: bool) -> bool:
+        """What every checked command does before its work: on a dry run print the resolved config and the
+        notes; exit 2 on any problem. True when the command stops here (a dry run that passed)."""
+        if dry_run:
+            configuration.print_config(config)
+            self.show()
+        self.fail_if_any(prog)
+        return dry_run
+
 
 # ---- models ------------------------------------------------------------------------------------------------
 

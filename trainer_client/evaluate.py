@@ -342,7 +342,6 @@ async def run_job(job: EvalJob) -> dict:
         split = (await pool.list_envs())[env.name].splits[env.split]
         task_ids = subset(await pool.list_tasks(env.name, env.split), job.episodes)
         for seed in job.seeds:
-            torch.manual_seed(seed)
             result = await evaluate(pool, backend, policy.tokenizer, env.name, env.split, task_ids, rollout, prompts,
                                     seed=seed)
             runs.append({"seed": seed, **result.as_dict()})
@@ -415,12 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = eval_parser()
     args = parser.parse_intermixed_args(argv)
     job = configuration.config_from_args(EvalJob, parser, args)
-    report = cli.check_eval(job)
-    if args.dry_run:
-        configuration.print_config(job)
-        report.show()
-    report.fail_if_any(parser.prog)
-    if args.dry_run:
+    if cli.check_eval(job).settle(parser.prog, job, args.dry_run):
         return 0
     results = asyncio.run(run_job(job))
     summary = summarize_results(results["runs"])

@@ -215,12 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     configuration.add_config_arguments(parser, SFTJob, dry_run=True)
     args = parser.parse_intermixed_args(argv)
     job = configuration.config_from_args(SFTJob, parser, args)
-    report = check_sft(job)
-    if args.dry_run:
-        configuration.print_config(job)
-        report.show()
-    report.fail_if_any(parser.prog)
-    if args.dry_run:
+    if check_sft(job).settle(parser.prog, job, args.dry_run):
         return 0
 
     async def load_episodes() -> list[ExpertEpisode]:

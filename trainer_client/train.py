@@ -526,12 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from the run dir's latest checkpoint")
     args = parser.parse_intermixed_args(argv)
     cfg = configuration.config_from_args(TrainConfig, parser, args)
-    report = cli.check_train(cfg)
-    if args.dry_run:
-        configuration.print_config(cfg)
-        report.show()
-    report.fail_if_any(parser.prog)
-    if args.dry_run:
+    if cli.check_train(cfg).settle(parser.prog, cfg, args.dry_run):
         return 0
     # A tiny-model:SIZE spec becomes the checkpoint it names (built once, cached) before the run loads it.
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=cli.resolve_tiny_model(

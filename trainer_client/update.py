@@ -87,14 +87,15 @@ def ppo_policy_update(policy, optimizer: torch.optim.Optimizer, samples: Sequenc
     learn_values = targets.returns is not None
     learn_q = learn_values and targets.q_returns is not None
     backbone, value_rows = clip_groups(optimizer)
+    measure = measure_gradient_sources   # on the first micro-batch this rank really computes, then off
     metrics: dict[str, list[float]] = defaultdict(list)
     policy.train()
-    for epoch in range(epochs):
-        for mini_index, mini in enumerate(mini_batches(len(samples), mini_batch_turns)):
+    for _ in range(epochs):
+        for mini in mini_batches(len(samples), mini_batch_turns):
             optimizer.zero_grad(set_to_none=True)
             lengths = [len(samples[i]) for i in mini.tolist()]
             total = 0.0
-            for micro_index, (group, share) in enumerate(rank_share(micro_batches(lengths, micro_batch_tokens))):
+            for group, share in rank_share(micro_batches(lengths, micro_batch_tokens)):
                 idx = mini[group]
                 out = policy(TokenBatch.from_samples([samples[i] for i in idx.tolist()], pad_id), temperature,
                              detach_readout=not loss_cfg.value_backbone_grad)
@@ -108,10 +109,14 @@ def ppo_policy_update(policy, optimizer: torch.optim.Optimizer, samples: Sequenc
                     turns = torch.ones(len(idx), dtype=torch.bool)
                     v_loss = value_loss(out.values.cpu(), targets.old_values[idx], targets.returns[idx], turns,
                                         loss_cfg.value_clip)
-                    q_loss = value_loss(out.q_values.cpu(), targets.old_q_values[idx], targets.q_returns[idx],
-                                        turns, loss_cfg.value_clip) if learn_q else None
-                    values_part = loss_cfg.value_coef * (v_loss + (q_loss if learn_q else 0.0)) * (len(idx) / len(mini))
-                    if measure_gradient_sources and epoch == mini_index == micro_index == 0 and share:
+                    values_loss = v_loss
+                    if learn_q:
+                        q_loss = value_loss(out.q_values.cpu(), targets.old_q_values[idx], targets.q_returns[idx],
+                                            turns, loss_cfg.value_clip)
+                        values_loss = values_loss + q_loss
+                    values_part = loss_cfg.value_coef * values_loss * (len(idx) / len(mini))
+                    if measure and share:
+                        measure = False
                         for name, norm in gradient_sources({"policy_loss": loss, "value_loss": values_part},
                                                            backbone).items():
                             _accumulate(metrics, f"grad/backbone_from_{name}", norm)

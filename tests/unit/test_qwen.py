@@ -4,10 +4,11 @@ and random-init models of the 1.5B (tied) and 7B (untied) shapes at reduced widt
 from __future__ import annotations
 
 import pytest
+from chat_episode import OBSERVATIONS, REPLIES, episode_messages, step_layout
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainer_client.policy import Policy, TokenBatch, TurnSample, assistant_turns
+from trainer_client.policy import Policy, TokenBatch, assistant_turns
 from trainer_client.policy.qwen import (
     QWEN25_TOKENIZER_SIZE, QWEN25_VOCAB_ROWS, build_random_qwen25_checkpoint, load_qwen25_tokenizer,
     qwen25_tokenizer_files)
@@ -19,16 +20,6 @@ except ModuleNotFoundError:
                 allow_module_level=True)
 
 SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-OBSERVATIONS = (
-    "Your task is to: put a mug in desk. You are in the middle of a room. You see a desk 1, a shelf 2.",
-    "You arrive at shelf 2. On the shelf 2, you see a mug 1.",
-    "You pick up the mug 1 from the shelf 2.",
-)
-REPLIES = (
-    "<think>The mug may be on the shelf.</think><action>go to shelf 2</action>",
-    "<think>There it is.</think><action>take mug 1 from shelf 2</action>",
-    "<think>Now to the desk.</think><action>go to desk 1</action>",
-)
 REDUCED = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128)
 
 
@@ -41,24 +32,6 @@ def tokenizer():
 def shipped_tokenizer():
     """The files as shipped: Qwen3's added tokens and chat template."""
     return AutoTokenizer.from_pretrained(qwen25_tokenizer_files())
-
-
-def episode_messages(turns: int, with_last_reply: bool) -> list[dict[str, str]]:
-    messages = []
-    for t in range(turns):
-        messages.append({"role": "user", "content": OBSERVATIONS[t]})
-        if t < turns - 1 or with_last_reply:
-            messages.append({"role": "assistant", "content": REPLIES[t]})
-    return messages
-
-
-def step_layout(tokenizer) -> list[TurnSample]:
-    """verl-agent's layout: turn t is its own sample, the chat up to observation t plus reply t."""
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    return [TurnSample(tokenizer.apply_chat_template(episode_messages(t + 1, False), add_generation_prompt=True,
-                                                     return_dict=False),
-                       tokenizer.encode(REPLIES[t], add_special_tokens=False) + [im_end])
-            for t in range(3)]
 
 
 def test_the_tokenizer_is_qwen25s(tokenizer, shipped_tokenizer):

@@ -11,11 +11,12 @@ import dataclasses
 import hashlib
 
 import pytest
+from chat_episode import OBSERVATIONS, REPLIES, episode_messages, step_layout
 import torch
 from policy_fixtures import train_value_rows
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from trainer_client.policy import Policy, SamplingConfig, TokenBatch, TransformersBackend, TurnSample, assistant_turns
+from trainer_client.policy import Policy, SamplingConfig, TokenBatch, TransformersBackend, assistant_turns
 from trainer_client.policy.model import choose_value_ids
 from trainer_client.pretrained import SMOLLM2, ModelFetchError, load_gguf_tokenizer, locate_gguf, package_dir
 from trainer_client.rollout import encode_prompt
@@ -26,16 +27,6 @@ if package_dir(SMOLLM2) is None:
 
 VOCAB = 49_152
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-OBSERVATIONS = (
-    "Your task is to: put a mug in desk. You are in the middle of a room. You see a desk 1, a shelf 2.",
-    "You arrive at shelf 2. On the shelf 2, you see a mug 1.",
-    "You pick up the mug 1 from the shelf 2.",
-)
-REPLIES = (
-    "<think>The mug may be on the shelf.</think><action>go to shelf 2</action>",
-    "<think>There it is.</think><action>take mug 1 from shelf 2</action>",
-    "<think>Now to the desk.</think><action>go to desk 1</action>",
-)
 
 
 @pytest.fixture(scope="module")
@@ -59,23 +50,6 @@ def checkpoint(tokenizer, tmp_path_factory):
 @pytest.fixture
 def policy(checkpoint):
     return Policy.load(checkpoint)
-
-
-def episode_messages(turns: int, with_last_reply: bool) -> list[dict[str, str]]:
-    messages = []
-    for t in range(turns):
-        messages.append({"role": "user", "content": OBSERVATIONS[t]})
-        if t < turns - 1 or with_last_reply:
-            messages.append({"role": "assistant", "content": REPLIES[t]})
-    return messages
-
-
-def step_layout(tokenizer) -> list[TurnSample]:
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    return [TurnSample(tokenizer.apply_chat_template(episode_messages(t + 1, False), add_generation_prompt=True,
-                                                     return_dict=False),
-                       tokenizer.encode(REPLIES[t], add_special_tokens=False) + [im_end])
-            for t in range(3)]
 
 
 def test_the_tokenizer_and_template_are_smollm2s(tokenizer, checkpoint):
