@@ -16,21 +16,19 @@ from typing import Any
 
 from env_server import registry
 from env_server.config import MIB, ServerConfig
-from env_server.envs.base import EnvError, Split, StepResult, Task, UnknownSplit
-from env_server.episode import EpisodeSpec, InvalidRequest, Transition
+from env_server.envs.base import Split, StepResult, Task, UnknownSplit
+from env_server.episode import EpisodeSpec, Transition
+from env_server.errors import InvalidRequest, NoWorker, SessionLost, UnknownEnv, UnknownSession, WorkerFailure
 from env_server.metrics import ServerMetrics
-from env_server.sessions import Session, SessionTable, UnknownSession
-from env_server.worker_protocol import EnvDescription, SessionLost, WorkerFailure
-from env_server.workers import NoWorker, RecyclePolicy, Worker, WorkerGone, WorkerGroup
+from env_server.sessions import Session, SessionTable
+from env_server.workers.group import RecyclePolicy, WorkerGroup
+from env_server.workers.protocol import CloseCall, EnvDescription, ResetCall, RestoreCall, SessionCall, StepCall
+from env_server.workers.worker import Worker, WorkerGone
 
 log = logging.getLogger("limen.env_server.backend")
 
 # A call whose worker turns out dead before it starts is replayed elsewhere and retried this often.
 WORKER_ATTEMPTS = 3
-
-
-class UnknownEnv(EnvError):
-    """The env is not served here (NOT_FOUND)."""
 
 
 @dataclass(frozen=True)
@@ -190,8 +188,7 @@ class EnvBackend:
         async with session.lock:
             started = time.perf_counter()
             try:
-                result = await self._run(session, ("reset", session.session_id, spec),
-                                         self.config.reset_timeout_s)
+                result = await self._run(session, ResetCall(session.session_id, spec), self.config.reset_timeout_s)
             except BaseException as exc:
                 self._end(session, UnknownSession(f"session {session.session_id}: its reset failed: {exc}"))
                 raise
@@ -208,8 +205,7 @@ class EnvBackend:
                 return stored
             started = time.perf_counter()
             try:
-                result = await self._run(session, ("step", session.session_id, action),
-                                         self.config.step_timeout_s)
+                result = await self._run(session, StepCall(session.session_id, action), self.config.step_timeout_s)
             except WorkerFailure as exc:
                 self._end(session, _lost(session, exc))
                 raise
@@ -223,7 +219,7 @@ class EnvBackend:
             self._end(session, UnknownSession(f"session {session.session_id} was closed"))
             await self._drop_env(session)
 
-    async def _run(self, session: Session, request: tuple | None, timeout: float) -> Any:
+    async def _run(self, session: Session, request: SessionCall | None, timeout: float) -> Any:
         """Send `request` to the worker holding the session (None: only make sure one holds it),
         rebuilding the session by replay first if its worker died."""
         group = self.groups[session.spec.env]
@@ -246,7 +242,7 @@ class EnvBackend:
 
     async def _replay(self, session: Session, group: WorkerGroup, worker: Worker) -> None:
         """Rebuild the session on `worker`: same spec, same actions, every observation checked."""
-        request = ("restore", session.session_id, session.spec, tuple(session.actions), tuple(session.digests))
+        request = RestoreCall(session.session_id, session.spec, tuple(session.actions), tuple(session.digests))
         budget = self.config.reset_timeout_s + self.config.step_timeout_s * len(session.actions)
         try:
             await self._call(group, worker, request, budget)
@@ -260,7 +256,7 @@ class EnvBackend:
                  group.env, worker.pid, len(session.actions))
 
     @staticmethod
-    async def _call(group: WorkerGroup, worker: Worker, request: tuple, timeout: float) -> Any:
+    async def _call(group: WorkerGroup, worker: Worker, request: SessionCall, timeout: float) -> Any:
         try:
             return await worker.call(request, timeout)
         except WorkerFailure as exc:
@@ -275,7 +271,7 @@ class EnvBackend:
         if worker is None or not worker.alive or session.session_id not in worker.sessions:
             return
         try:
-            await self._call(self.groups[session.spec.env], worker, ("close", session.session_id),
+            await self._call(self.groups[session.spec.env], worker, CloseCall(session.session_id),
                              self.config.step_timeout_s)
         except (WorkerFailure, WorkerGone) as exc:
             log.warning("closing session %s: %s", session.session_id, exc)

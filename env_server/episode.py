@@ -9,10 +9,7 @@ import json
 from dataclasses import dataclass
 
 from env_server.envs.base import StepResult
-
-
-class InvalidRequest(Exception):
-    """A malformed request (INVALID_ARGUMENT)."""
+from env_server.errors import InvalidRequest
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,14 @@ from contextlib import asynccontextmanager
 import grpc
 from google.protobuf.message import DecodeError
 
-from env_server.backend import EnvBackend, Load, UnknownEnv
+from env_server.backend import EnvBackend, Load
 from env_server.envs.base import EnvError, EpisodeOver, NotReset, Split, TaskExcluded, UnknownSplit, UnknownTask
-from env_server.episode import EpisodeSpec, InvalidRequest, Transition
+from env_server.episode import EpisodeSpec, Transition
+from env_server.errors import (
+    Draining, EnvTimeout, InvalidRequest, NoWorker, ServerFull, UnknownEnv, UnknownSession, WorkerFailure,
+)
 from env_server.metrics import ServerMetrics
-from env_server.sessions import Draining, ServerFull, UnknownSession
-from env_server.worker_protocol import EnvDescription, EnvTimeout, WorkerFailure
-from env_server.workers import NoWorker
+from env_server.workers.protocol import EnvDescription
 from limen.env.v1 import env_pb2, env_pb2_grpc
 
 log = logging.getLogger("limen.env_server.service")

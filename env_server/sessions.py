@@ -21,38 +21,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from env_server.envs.base import EpisodeOver
-from env_server.episode import EpisodeSpec, InvalidRequest, Transition, result_digest
+from env_server.episode import EpisodeSpec, Transition, result_digest
+from env_server.errors import ConflictingRetry, Draining, InvalidRequest, ServerFull, StepIndexGap, UnknownSession
 
 if TYPE_CHECKING:
-    from env_server.workers import Worker
+    from env_server.workers.worker import Worker
 
 # Ended session ids remembered so a late call learns why its session is gone; bounded, oldest dropped.
 ENDED_MEMORY = 4096
-
-
-class SessionError(Exception):
-    """Base of the table's own refusals; the servicer maps each to one status code."""
-
-
-class StepIndexGap(InvalidRequest):
-    """A step_index that is neither the next one nor one already applied (INVALID_ARGUMENT)."""
-
-
-class ConflictingRetry(InvalidRequest):
-    """A step_index already applied, sent again with another action: a client bug, not a retry
-    (INVALID_ARGUMENT, like a step_index that skips ahead)."""
-
-
-class UnknownSession(SessionError):
-    """No such session here, or it was closed or expired (NOT_FOUND)."""
-
-
-class ServerFull(SessionError):
-    """Every session slot is taken (RESOURCE_EXHAUSTED)."""
-
-
-class Draining(SessionError):
-    """The server is shutting down and opens no new sessions (UNAVAILABLE)."""
 
 
 @dataclass(eq=False)

@@ -6,8 +6,9 @@ import time
 import pytest
 
 from env_server.envs.base import EpisodeOver, StepResult
-from env_server.episode import EpisodeSpec, InvalidRequest, Transition, result_digest
-from env_server.sessions import ConflictingRetry, Draining, ServerFull, SessionTable, StepIndexGap, UnknownSession
+from env_server.episode import EpisodeSpec, Transition, result_digest
+from env_server.errors import ConflictingRetry, Draining, InvalidRequest, ServerFull, StepIndexGap, UnknownSession
+from env_server.sessions import SessionTable
 
 
 class FakeClock:

@@ -1,6 +1,6 @@
 """The env worker process: hosts the env instances of many sessions of one env, one request at a time.
 
-Started by workers.py as `python -m env_server.worker_main --fd N`; it speaks length-prefixed pickles
+Started by worker.py as `python -m env_server.workers.child --fd N`; it speaks protocol.py's messages
 over the inherited socket N, never stdout (env code prints there). It exits when the socket closes.
 """
 
@@ -18,7 +18,11 @@ from typing import Any
 from env_server import registry
 from env_server.envs.base import EnvError, StepResult, TextEnv
 from env_server.episode import EpisodeSpec, result_digest
-from env_server.worker_protocol import ACK, EnvDescription, EnvFailed, ReplayMismatch, encode_frame, read_frame_blocking
+from env_server.errors import EnvFailed, ReplayMismatch
+from env_server.workers.protocol import (
+    ACK, CloseCall, EnvDescription, Reply, ResetCall, RestoreCall, SessionCall, StartWorker, StepCall,
+    encode_frame, read_frame_blocking,
+)
 
 PR_SET_PDEATHSIG = 1
 
@@ -55,7 +59,8 @@ class WorkerState:
         if env is not None:
             env.close()
 
-    def restore(self, session_id: str, spec: EpisodeSpec, actions: list[str], digests: list[str]) -> None:
+    def restore(self, session_id: str, spec: EpisodeSpec, actions: tuple[str, ...],
+                digests: tuple[str, ...]) -> None:
         """Rebuild a session lost with another worker: reset, replay its actions, and check that every
         observation equals the recorded one."""
         env, result = self._start(spec)
@@ -68,20 +73,25 @@ class WorkerState:
             raise
         self.envs[session_id] = env
 
-    def handle(self, request: tuple) -> Any:
-        op, *args = request
-        handlers = {"reset": self.reset, "step": self.step, "close": self.close, "restore": self.restore}
-        if op not in handlers:
-            raise ValueError(f"unknown worker request {op!r}")
-        return handlers[op](*args)
+    def handle(self, call: SessionCall) -> Any:
+        match call:
+            case ResetCall(session_id, spec):
+                return self.reset(session_id, spec)
+            case StepCall(session_id, action):
+                return self.step(session_id, action)
+            case CloseCall(session_id):
+                return self.close(session_id)
+            case RestoreCall(session_id, spec, actions, digests):
+                return self.restore(session_id, spec, actions, digests)
+        raise ValueError(f"unknown worker request {call!r}")
 
-    def holds(self, request: tuple) -> bool:
-        """Whether the request's session still has an env here; the server mirrors this."""
-        return request[1] in self.envs
+    def holds(self, call: SessionCall) -> bool:
+        """Whether the call's session still has an env here; the server mirrors this."""
+        return call.session_id in self.envs
 
-    def drop(self, request: tuple) -> None:
+    def drop(self, call: SessionCall) -> None:
         """After an unexpected env exception the session's env is in an unknown state: let it go."""
-        self.envs.pop(request[1], None)
+        self.envs.pop(call.session_id, None)
 
     def _start(self, spec: EpisodeSpec) -> tuple[TextEnv, StepResult]:
         env = registry.make(self.env_name, **self.options)
@@ -100,42 +110,41 @@ class WorkerState:
             self.envs[session_id] = env
 
 
-def _expect_digest(session_id: str, index: int, result: StepResult, digests: list[str]) -> None:
+def _expect_digest(session_id: str, index: int, result: StepResult, digests: tuple[str, ...]) -> None:
     if result_digest(result) != digests[index]:
         raise ReplayMismatch(f"session {session_id}: replaying step {index} gave a different observation than "
                              "the recorded one; the env is not deterministic for this task and seed")
 
 
 def serve_requests(sock: socket.socket) -> None:
-    """Answer (op, session_id, *args) requests with (status, value, holds) until the socket closes."""
-    init = _receive(sock)
-    if init is None:
+    """Answer a StartWorker, then SessionCalls, each with a Reply, until the socket closes."""
+    start: StartWorker | None = _receive(sock)
+    if start is None:
         return
-    _, _, env_name, entry_point, options = init
     try:
-        state = WorkerState(env_name, entry_point, options)
-        sock.sendall(encode_frame(("ok", state.describe(), False)))
+        state = WorkerState(start.env_name, start.entry_point, start.options)
+        sock.sendall(encode_frame(Reply(state.describe())))
     except Exception as exc:  # the server logs why this worker could not start
         traceback.print_exc()
-        sock.sendall(encode_frame(("error", EnvFailed(f"{type(exc).__name__}: {exc}"), False)))
+        sock.sendall(encode_frame(Reply(error=EnvFailed(f"{type(exc).__name__}: {exc}"))))
         return
-    while (request := _receive(sock)) is not None:
+    while (call := _receive(sock)) is not None:
         try:
-            reply = ("ok", state.handle(request))
+            value, error = state.handle(call), None
         except (EnvError, ReplayMismatch) as exc:
-            reply = ("error", exc)
+            value, error = None, exc
         except Exception as exc:
             traceback.print_exc()
-            state.drop(request)
-            reply = ("error", EnvFailed(f"env {env_name} raised {type(exc).__name__}: {exc}"))
-        sock.sendall(encode_frame((*reply, state.holds(request))))
+            state.drop(call)
+            value, error = None, EnvFailed(f"env {start.env_name} raised {type(exc).__name__}: {exc}")
+        sock.sendall(encode_frame(Reply(value, error, state.holds(call))))
 
 
-def _receive(sock: socket.socket) -> tuple | None:
-    request = read_frame_blocking(sock)
-    if request is not None:
+def _receive(sock: socket.socket) -> Any:
+    message = read_frame_blocking(sock)
+    if message is not None:
         sock.sendall(ACK)
-    return request
+    return message
 
 
 def _die_with_parent() -> None:
