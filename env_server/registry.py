@@ -1,15 +1,23 @@
-"""Env name -> "module:Class", imported lazily so a webshop server never imports alfworld."""
+"""Env name -> "module:Class", imported lazily so a webshop server never imports alfworld; and env name ->
+the public data it plays on, for `limen-data fetch`."""
 
 from __future__ import annotations
 
 import importlib
 
 from env_server.envs.base import TextEnv
+from env_server.envs.datasets import Dataset
 
 ENV_ENTRY_POINTS: dict[str, str] = {
     "toy": "env_server.envs.toy:ToyEnv",
     "alfworld": "env_server.envs.alfworld.env:AlfWorldEnv",
     "webshop": "env_server.envs.webshop.env:WebShopEnv",
+}
+
+# "module:attribute" of each env's Dataset declaration (envs/datasets.py); an env with no public data has none.
+ENV_DATASETS: dict[str, str] = {
+    "alfworld": "env_server.envs.alfworld.dataset:DATASET",
+    "webshop": "env_server.envs.webshop.dataset:DATASET",
 }
 
 
@@ -35,3 +43,15 @@ def env_class(name: str) -> type[TextEnv]:
 def make(name: str, **config) -> TextEnv:
     """A new instance; `config` goes to the env's constructor (e.g. webshop observation mode)."""
     return env_class(name)(**config)
+
+
+def dataset(name: str) -> Dataset:
+    """The env's public-data declaration, imported only now (a declaration may import its env's package)."""
+    try:
+        module_name, _, attribute = ENV_DATASETS[name].partition(":")
+    except KeyError:
+        raise KeyError(f"env {name!r} declares no dataset; datasets: {sorted(ENV_DATASETS)}") from None
+    declared = getattr(importlib.import_module(module_name), attribute)
+    if not isinstance(declared, Dataset):
+        raise TypeError(f"{ENV_DATASETS[name]} is not a Dataset")
+    return declared

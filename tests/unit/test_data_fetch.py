@@ -17,8 +17,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from env_server import data
-from env_server.data import ALFWORLD, WEBSHOP, Asset, ChecksumMismatch, DataError, fetch
+from env_server import data, registry
+from env_server.data import ChecksumMismatch, DataError, fetch
+from env_server.envs.alfworld.dataset import DATASET as ALFWORLD
+from env_server.envs.alfworld.dataset import game_files as alfworld_game_files
+from env_server.envs.datasets import Asset, Dataset
+from env_server.envs.webshop.dataset import DATASET as WEBSHOP
 
 
 class FileServer:
@@ -124,7 +128,7 @@ def zip_bytes(files: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def toy_dataset(unverified_file: bool = False) -> data.Dataset:
+def toy_dataset(unverified_file: bool = False) -> Dataset:
     """ALFWorld's real layout rules (split root, game-file digest) with fixture assets and digest."""
     assets = [
         Asset("release.zip", "https://upstream.invalid/release.zip", None, unpack=True),
@@ -159,9 +163,9 @@ def test_alfworld_game_files_keeps_playable_trials_only(tmp_path):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(blob)
     split = tmp_path / "json_2.1.1" / "valid_seen"
-    files = sorted(p.relative_to(split).as_posix() for p in data.alfworld_game_files(split))
+    files = sorted(p.relative_to(split).as_posix() for p in alfworld_game_files(split))
     assert len(files) == 4 and not any("Sliced" in f for f in files)
-    assert data.directory_digest(split, data.alfworld_game_files(split)) == VALID_SEEN_DIGEST
+    assert data.directory_digest(split, alfworld_game_files(split)) == VALID_SEEN_DIGEST
 
 
 def test_every_published_asset_has_a_known_hash_or_a_stated_reason():
@@ -172,6 +176,15 @@ def test_every_published_asset_has_a_known_hash_or_a_stated_reason():
             if asset.sha256 is None and asset.unpack:
                 assert dataset.split_digests, f"{asset.filename} would be installed unchecked"
     assert set(ALFWORLD.split_digests) == {"valid_seen", "valid_unseen", "valid_train"}
+
+
+def test_limen_data_finds_each_env_s_declaration_through_the_registry():
+    assert registry.dataset("alfworld") is ALFWORLD and registry.dataset("webshop") is WEBSHOP
+    fetch_cmd = data.build_parser()._subparsers._group_actions[0].choices["fetch"]
+    dataset_arg = next(action for action in fetch_cmd._actions if action.dest == "dataset")
+    assert {"alfworld", "webshop"} <= set(dataset_arg.choices)
+    with pytest.raises(KeyError, match="declares no dataset"):
+        registry.dataset("toy")
 
 
 # ---- fetch against the local server -------------------------------------------------------------------
@@ -359,4 +372,4 @@ def test_alfworld_split_digests_match_the_real_games(split):
     root = Path(os.environ.get("ALFWORLD_DATA", "/nonexistent")) / "json_2.1.1" / split
     if not root.is_dir():
         pytest.skip(f"ALFWORLD_DATA has no {split} split")
-    assert data.directory_digest(root, data.alfworld_game_files(root)) == ALFWORLD.split_digests[split]
+    assert data.directory_digest(root, alfworld_game_files(root)) == ALFWORLD.split_digests[split]

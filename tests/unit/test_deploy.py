@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from env_server import data, healthcheck, k8s_annotator
+from env_server import healthcheck, k8s_annotator, registry
 from env_server.__main__ import AUTH_TOKEN_ENV, build_parser, config_from_args
 from env_server.config import ServerConfig
 from env_server.envs.alfworld.env import AlfWorldConfig
@@ -147,8 +147,8 @@ def dockerfile_env(path: Path) -> dict[str, str]:
 
 def test_env_image_points_the_envs_at_data_mounted_under_slash_data():
     settings = dockerfile_env(REPO / "Dockerfile.env")
-    assert settings[data.ALFWORLD.env_var] == "/data/alfworld"
-    assert settings[data.WEBSHOP.env_var] == "/data/webshop"
+    assert settings[registry.dataset("alfworld").env_var] == "/data/alfworld"
+    assert settings[registry.dataset("webshop").env_var] == "/data/webshop"
     text = (REPO / "Dockerfile.env").read_text()
     assert re.search(r"^USER 10001$", text, re.M), "numeric non-root user (runAsNonRoot can check it)"
 
@@ -385,10 +385,10 @@ def test_env_image_default_command_configures_the_real_server():
 
 def test_data_variables_are_the_ones_the_envs_read(monkeypatch, tmp_path):
     settings = dockerfile_env(REPO / "Dockerfile.env")
-    assert data.WEBSHOP.env_var == catalog.DATA_ENV and catalog.DATA_ENV in settings
-    assert data.ALFWORLD.env_var in settings
+    assert registry.dataset("webshop").env_var == catalog.DATA_ENV and catalog.DATA_ENV in settings
+    assert registry.dataset("alfworld").env_var in settings
     # An empty mount serves generated games (the entrypoint relies on it, and says so).
-    monkeypatch.setenv(data.ALFWORLD.env_var, str(tmp_path))
+    monkeypatch.setenv(registry.dataset("alfworld").env_var, str(tmp_path))
     assert AlfWorldConfig().official_root() is None
     # The entrypoint seeds $LIMEN_CACHE/alfworld: where the env looks for its generated games.
     monkeypatch.setenv("LIMEN_CACHE", settings["LIMEN_CACHE"])
