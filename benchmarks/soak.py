@@ -34,8 +34,7 @@ import psutil  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from limen.env.v1 import env_pb2, env_pb2_grpc  # noqa: E402
-from trainer_client.env_pool import EnvPool  # noqa: E402
-from trainer_client.env_types import EnvPoolError  # noqa: E402
+from trainer_client.env_pool import EnvPool, EnvPoolError  # noqa: E402
 from trainer_client.local_server import free_port, local_env_server  # noqa: E402
 
 MIB = 1024 * 1024

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from env_server.envs.base import StepResult
 from env_server.errors import InvalidRequest
+from limen.env.v1.outcome import outcome
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,6 @@ class Transition:
 
 
 def result_digest(result: StepResult) -> str:
-    """A digest of what the agent sees after a reset or step; a replay must reproduce it exactly.
-    `info` is left out: envs may put timings or debug text there."""
-    seen = [result.observation, result.admissible_actions, result.instruction, result.reward,
-            result.terminated, result.truncated, result.won, result.score]
-    return hashlib.sha256(json.dumps(seen).encode()).hexdigest()
+    """A digest of a reset's or step's outcome (limen.env.v1.outcome: what the env decided, without `info`);
+    a replay must reproduce it exactly."""
+    return hashlib.sha256(json.dumps(outcome(result)).encode()).hexdigest()

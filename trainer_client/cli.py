@@ -222,7 +222,7 @@ def check_split(env: str, split: str, what: str, servers: Sequence[str], server_
 
 
 def check_servers(servers: Sequence[str], report: Preflight) -> None:
-    from trainer_client.discovery import parse_targets
+    from trainer_client.env_pool.discovery import parse_targets
 
     if not servers:
         report.notes.append("env.servers empty: a local env server is started for the run")

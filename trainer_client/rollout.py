@@ -19,8 +19,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from trainer_client.env_pool import EnvPool
-from trainer_client.env_types import EnvPoolError, Transition
+from trainer_client.env_pool import EnvPool, EnvPoolError, Transition
 from trainer_client.policy.generation import Completion, GenerationBackend, SamplingConfig, derive_seed
 from trainer_client.prompts import PastTurn, PromptConfig, build_prompt, format_penalty, parse_action
 

@@ -25,8 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainer_client.cli import EnvTarget, check_sft, resolve_tiny_model
-from trainer_client.env_pool import EnvPool
-from trainer_client.env_types import EnvPoolError
+from trainer_client.env_pool import EnvPool, EnvPoolError
 from trainer_client.experience import pad_id
 from trainer_client.policy import Policy, TokenBatch, TurnSample, micro_batches
 from trainer_client.prompts import PastTurn, PromptConfig, build_prompt, expert_reply

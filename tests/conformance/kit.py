@@ -14,12 +14,10 @@ import grpc
 import pytest
 
 from limen.env.v1 import env_pb2, env_pb2_grpc
+from limen.env.v1.outcome import outcome as env_outcome
 
 RESET_TIMEOUT_S = 120.0
 CALL_TIMEOUT_S = 30.0
-# Fields the env decides; a deterministic env repeats them exactly for the same task, seed and actions.
-OUTCOME_FIELDS = ("step_index", "observation", "admissible_actions", "reward", "terminated", "truncated", "won",
-                  "score", "task_id", "task_category", "instruction", "version")
 NOOP_ACTION = "conformance check: an action no env understands"
 QUIET_TASK_PROBES = 10
 DEFAULT_CONCURRENT_SESSIONS = 200
@@ -99,8 +97,10 @@ def default_split(listing: env_pb2.ListEnvsResponse, env: str) -> str:
 
 
 def outcome(transition: env_pb2.Transition) -> tuple:
-    return tuple(getattr(transition, name) if name != "admissible_actions" else tuple(transition.admissible_actions)
-                 for name in OUTCOME_FIELDS)
+    """What a deterministic server repeats for the same task, seed and actions: the env's outcome
+    (limen.env.v1.outcome, the definition the trainer's and the server's replays use) at the same step of
+    the same env version."""
+    return transition.step_index, transition.version, *env_outcome(transition)
 
 
 def scripted_action(transition: env_pb2.Transition, turn: int) -> str:

@@ -14,10 +14,9 @@ import pytest_asyncio
 
 from env_server.config import ServerConfig
 from env_server.server import serve
-from trainer_client.env_pool import EnvPool, Episode
-from trainer_client.env_types import (
-    EpisodeDropped, EpisodeOver, InvalidAction, MixedVersions, NoServerAvailable, Transition, Unauthenticated,
-    UnknownEnvOrTask,
+from trainer_client.env_pool import (
+    EnvPool, Episode, EpisodeDropped, EpisodeOver, InvalidAction, MixedVersions, NoServerAvailable, Transition,
+    Unauthenticated, UnknownEnvOrTask,
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -8,12 +8,14 @@ import dataclasses
 import grpc
 import pytest
 
-from trainer_client.discovery import Target, parse_target, parse_targets, resolve, system_lookup
-from trainer_client.env_pool import PoolConfig, backoff_s
-from trainer_client.env_types import (
-    EpisodeOver, InvalidAction, NoServerAvailable, ServerError, ServerLoad, SessionLost, StepTimedOut,
-    Transition, Unauthenticated, UnknownEnvOrTask, placement_order, status_error,
+from trainer_client.env_pool import (
+    EpisodeOver, InvalidAction, NoServerAvailable, PoolConfig, ServerError, SessionLost, StepTimedOut, Transition,
+    Unauthenticated, UnknownEnvOrTask,
 )
+from trainer_client.env_pool.config import backoff_s
+from trainer_client.env_pool.discovery import Target, parse_target, parse_targets, resolve, system_lookup
+from trainer_client.env_pool.errors import status_error
+from trainer_client.env_pool.servers import ServerLoad, placement_order
 
 # ---- targets ----------------------------------------------------------------------------------------
 

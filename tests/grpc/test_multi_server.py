@@ -18,8 +18,7 @@ import pytest
 import pytest_asyncio
 
 from limen.env.v1 import env_pb2, env_pb2_grpc
-from trainer_client.env_pool import EnvPool, Episode
-from trainer_client.env_types import Transition
+from trainer_client.env_pool import EnvPool, Episode, Transition
 
 TRANSPORTS = ("stream", "unary")
 QUICK = dict(load_poll_interval_s=0.1, resolve_interval_s=0.1, retry_initial_backoff_s=0.01,

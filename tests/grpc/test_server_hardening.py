@@ -16,8 +16,7 @@ import pytest
 
 from limen.env.v1 import env_pb2
 from test_server_security import self_signed
-from trainer_client.env_pool import EnvPool
-from trainer_client.env_types import NoServerAvailable
+from trainer_client.env_pool import EnvPool, NoServerAvailable
 
 SERVICE = "/limen.env.v1.EnvService/"
 TOKEN = "s3cret"

@@ -24,7 +24,7 @@ from env_server.config import ServerConfig
 from env_server.envs.alfworld.env import AlfWorldConfig
 from env_server.envs.webshop import catalog
 from env_server.metrics import ServerMetrics
-from trainer_client.discovery import parse_targets
+from trainer_client.env_pool.discovery import parse_targets
 
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / ".cache" / "tools"
