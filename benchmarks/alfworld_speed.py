@@ -32,6 +32,7 @@ from pathlib import Path  # noqa: E402
 from env_server.envs.alfworld.env import AlfWorldEnv  # noqa: E402
 
 SEED = 0
+UPSTREAM_PLAYER = Path(__file__).resolve().parent.parent / "tests" / "envs" / "upstream" / "alfworld_play.py"
 GOALS = {"reset": 0.5, "step": 0.4}
 
 
@@ -44,7 +45,7 @@ def pick_games(env: AlfWorldEnv, splits: list[str], n: int) -> list[tuple[str, s
 def upstream_play(game_files: list[Path], steps: int) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "upstream.jsonl"
-        subprocess.run([sys.executable, "-m", "env_server.envs.alfworld.upstream_play", *map(str, game_files),
+        subprocess.run([sys.executable, str(UPSTREAM_PLAYER), *map(str, game_files),
                         "--policy", "mixed", "--seed", str(SEED), "--max-steps", str(steps), "--out", str(out)],
                        check=True, capture_output=True)
         return [json.loads(line) for line in out.read_text().splitlines()]

@@ -22,6 +22,7 @@ from env_server.envs.base import StepResult
 # Two games per task type in gen_train, one in gen_test: ~10 s to generate, once per test process.
 GENERATED = dict(gen_train_games=12, gen_test_games=6, gen_seed=0, size="small")
 UPSTREAM_TIMEOUT_S = 3600
+UPSTREAM_PLAYER = Path(__file__).parent / "upstream" / "alfworld_play.py"  # run as a script, in its own process
 SLOW_TIMEOUT_S = 3 * 3600  # the slow runs play hundreds of official games on a shared 2-core machine
 
 
@@ -69,7 +70,7 @@ def upstream_records(game_files: list[Path], policy: str, seed: int, max_steps: 
         for chunk, out, log in zip(chunks, outs, logs):
             with log.open("wb") as stderr:   # a file, not a pipe: a chatty player must never block on it
                 players.append(subprocess.Popen(
-                    [sys.executable, "-m", "env_server.envs.alfworld.upstream_play", *map(str, chunk), "--policy", policy,
+                    [sys.executable, str(UPSTREAM_PLAYER), *map(str, chunk), "--policy", policy,
                      "--seed", str(seed), "--max-steps", str(max_steps), "--out", str(out)],
                     stdout=subprocess.DEVNULL, stderr=stderr))
         for player, log in zip(players, logs):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from alfworld_fixtures import SLOW_TIMEOUT_S, generated_env, generated_options, official_data_dir
-from env_server.envs.alfworld import expert_export
+from env_server import expert_export
 from env_server.envs.alfworld.env import AlfWorldEnv
 from env_server.envs.base import UnknownSplit
 

@@ -1,4 +1,5 @@
-"""Expert trajectories as JSONL, raw material for supervised warm starts (trainer_client/sft.py builds prompts).
+"""Expert trajectories of any env as JSONL, raw material for supervised warm starts (trainer_client/sft.py
+builds prompts).
 
 One record per episode, the expert playing every action:
     {"env", "split", "task_id", "category", "instruction", "seed", "won", "truncated", "length",
@@ -8,7 +9,7 @@ expert_action is the action played. An episode ends when won, at the turn limit,
 up (won and truncated both false). Works for any split, official or generated, and any env that gives
 info["expert_action"].
 
-    python -m env_server.envs.alfworld.expert_export --split gen_train --out expert.jsonl [--n N] \
+    python -m env_server.expert_export --split gen_train --out expert.jsonl [--n N] \
         [--seed S] [--max-turns T] [--env-option KEY=VALUE ...]
 """
 

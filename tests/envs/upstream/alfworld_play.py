@@ -1,17 +1,20 @@
 """Play games through unmodified upstream ALFWorld (AlfredTWEnv), the reference limen's env is held to.
 
-Run it in its own process: it must not share a process with speed.install(), whose patches it would
-inherit. Tests compare its transcripts with limen's byte for byte; benchmarks/alfworld_speed.py times it.
+Run it in its own process: it must not share a process with limen's alfworld speed.install(), whose
+patches it would inherit. Tests (tests/envs/alfworld_fixtures.py) compare its transcripts with limen's
+byte for byte; benchmarks/alfworld_speed.py times it. It imports nothing from limen.
 
-    python -m env_server.envs.alfworld.upstream_play GAME_FILE... --policy mixed --out transcript.jsonl
+    python tests/envs/upstream/alfworld_play.py GAME_FILE... --policy mixed --out transcript.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -62,6 +65,8 @@ def play(game_files: Sequence[Path], config: PlayConfig) -> Iterator[dict]:
     Before a game's first step, the global random (which the expert draws from) is seeded with
     `config.seed`, as limen seeds each episode's expert; the player draws from Random(config.seed + 1).
     """
+    # Without ALFWORLD_DATA, importing alfworld would create ~/.cache/alfworld; the games are passed in.
+    os.environ.setdefault("ALFWORLD_DATA", tempfile.gettempdir())
     from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
 
     # A folder holding one game keeps AlfredTWEnv's own scan short; the games to play are set after it.
