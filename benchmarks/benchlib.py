@@ -36,11 +36,11 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def add_demo_config_args(parser, default_config: str) -> None:
     """What every benchmark that works from the demo's settings takes: the DemoConfig preset, aliases and
-    key=value overrides through the one loader (trainer_client.configuration), --dry-run, and threads."""
-    from trainer_client import configuration
+    key=value overrides through the one loader (trainer_client.config), --dry-run, and threads."""
+    from trainer_client import config
     from trainer_client.demo import DemoConfig
 
-    configuration.add_config_arguments(parser, DemoConfig, default_config=default_config, dry_run=True)
+    config.add_config_arguments(parser, DemoConfig, default_config=default_config, dry_run=True)
     parser.add_argument("--threads", type=int, default=2, help="torch threads (OMP_WAIT_POLICY=PASSIVE is set)")
 
 
@@ -49,13 +49,13 @@ def load_demo_config(parser, args, extra_overrides: Sequence[str] = ()):
     print the resolved config and exit 0 before any work."""
     import torch
 
-    from trainer_client import configuration
+    from trainer_client import config
     from trainer_client.demo import DemoConfig
 
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     torch.set_num_threads(args.threads)
-    cfg = configuration.config_from_args(DemoConfig, parser, args, extra_overrides)
+    cfg = config.config_from_args(DemoConfig, parser, args, extra_overrides)
     if args.dry_run:
-        configuration.print_config(cfg)
+        config.print_config(cfg)
         raise SystemExit(0)
     return cfg

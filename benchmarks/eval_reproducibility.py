@@ -26,12 +26,14 @@ import torch  # noqa: E402  (after the OpenMP setting)
 from rich.console import Console  # noqa: E402
 
 from trainer_client.env_pool import EnvPool  # noqa: E402
-from trainer_client.evaluate import EVAL_TEMPERATURE, evaluate  # noqa: E402
+from trainer_client.evaluate import evaluate  # noqa: E402
+from trainer_client.experts import expert_episodes, expert_samples, expert_texts  # noqa: E402
 from trainer_client.local_server import local_env_server  # noqa: E402
 from trainer_client.policy import Policy, TransformersBackend, build_tiny_checkpoint  # noqa: E402
 from trainer_client.prompts import PromptConfig  # noqa: E402
 from trainer_client.rollout import RolloutConfig  # noqa: E402
-from trainer_client.sft import expert_episodes, expert_samples, expert_texts, sft  # noqa: E402
+from trainer_client.sft import sft  # noqa: E402
+from trainer_client.train_config import TrainConfig  # noqa: E402
 
 PROMPTS = PromptConfig(history_turns=1, history_obs_max_words=10)        # the demo's
 WAYS = {  # name: (concurrency, max_batch, batch_wait_s, dtype)
@@ -63,7 +65,7 @@ async def play(checkpoint: str, server: str, games: int, seed: int, concurrency:
                batch_wait_s: float, dtype: str) -> dict:
     policy = Policy.load(checkpoint)
     backend = TransformersBackend.from_policy(policy, dtype=getattr(torch, dtype))
-    rollout = RolloutConfig(temperature=EVAL_TEMPERATURE, max_new_tokens=24, max_turns=20,
+    rollout = RolloutConfig(temperature=TrainConfig.eval_temperature, max_new_tokens=24, max_turns=20,
                             max_concurrent_episodes=concurrency, max_batch=max_batch, batch_wait_s=batch_wait_s)
     started = time.perf_counter()
     async with EnvPool([server]) as pool:

@@ -32,10 +32,10 @@ import transformers  # noqa: E402
 from transformers import Qwen2ForCausalLM  # noqa: E402
 
 from iteration_cost import CLAIMED_RATIO, SyntheticShape, ratios, time_learners  # noqa: E402
-from trainer_client import configuration  # noqa: E402
+from trainer_client import config  # noqa: E402
 from trainer_client.policy.qwen import load_qwen25_tokenizer, qwen25_config  # noqa: E402
 from trainer_client.timing import breakdown_table  # noqa: E402
-from trainer_client.train import TrainConfig  # noqa: E402
+from trainer_client.train_config import TrainConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -120,7 +120,7 @@ def build_model(out_dir: Path, plan: CheckPlan) -> Path:
 
 def time_iteration(model_dir: Path, plan: CheckPlan) -> dict:
     """boundary vs ppo_critic: fp32 master weights, bf16 autocast, gradient checkpointing (the presets' setting)."""
-    base = configuration.load(TrainConfig, None, [
+    base = config.load(TrainConfig, None, [
         f"optim.micro_batch_tokens={plan.micro_batch_tokens}", "model.gradient_checkpointing=true"])
     if plan.device == "cuda":
         torch.cuda.reset_peak_memory_stats()

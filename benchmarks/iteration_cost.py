@@ -1,7 +1,7 @@
 """Iteration cost of the boundary readout vs PPO with a separate critic: same models, batch and episodes,
 alternating iteration by iteration in one process (the seed claims 451.2 s -> 301.4 s, a ratio of 0.668).
 
-Both algorithms run the training loop's own learner step (`train.learn`). Modes:
+Both algorithms run the training loop's own learner step (`learner.learn`). Modes:
   synthetic  fixed-length random-token episodes, and generation of fixed-length responses: the learner's
              cost, with no env in it;
   rollout    real episodes of the toy env over a local env server, as in training.
@@ -28,17 +28,17 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402  (after the OpenMP setting)
 
-from trainer_client import configuration  # noqa: E402
+from trainer_client import config  # noqa: E402
 from trainer_client.algorithms import ValueSource, get_estimator  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
+from trainer_client.learner import Learner, learn, load_learner  # noqa: E402
 from trainer_client.local_server import local_env_server  # noqa: E402
 from trainer_client.policy import SamplingConfig, TransformersBackend, build_tiny_checkpoint  # noqa: E402
 from trainer_client.policy.qwen import build_random_qwen25_checkpoint  # noqa: E402
 from trainer_client.rollout import EpisodeRecord, TaskRef, Turn, collect  # noqa: E402
 from trainer_client.timing import ITERATION_STAGES, Timer, breakdown_table, device_synchronizer  # noqa: E402
-from trainer_client.train import (  # noqa: E402
-    Learner, TaskSampler, TrainConfig, group_size_of, kept_episodes, learn, load_learner, plan_episodes,
-)
+from trainer_client.train import TaskSampler, kept_episodes, plan_episodes  # noqa: E402
+from trainer_client.train_config import TrainConfig, group_size_of  # noqa: E402
 
 CLAIMED_RATIO = 301.4 / 451.2
 ALGOS = ("boundary", "ppo_critic")
@@ -214,7 +214,7 @@ def tiny_toy_checkpoint(out_dir: Path, size: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = configuration.Parser(prog="iteration_cost.py", description=__doc__.split("\n\n")[0])
+    parser = config.Parser(prog="iteration_cost.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("synthetic", "rollout"), default="synthetic")
     parser.add_argument("--model", help="checkpoint dir (default: a tiny random model, see --tiny-size)")
     parser.add_argument("--tiny-size", default="tiny", help="size of the default model: micro, tiny, small")
@@ -235,13 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the result here")
     # The TrainConfig the two learners share: preset, aliases and key=value overrides through the one loader;
     # the flags above come first, so an override such as rollout.max_turns=4 wins.
-    configuration.add_config_arguments(parser, TrainConfig, dry_run=True)
+    config.add_config_arguments(parser, TrainConfig, dry_run=True)
     args = parser.parse_intermixed_args(argv)
     args.overrides = [f"episodes_per_iteration={args.episodes}", f"rollout.max_turns={args.turns}",
                       f"rollout.max_new_tokens={args.response_tokens}", *args.overrides]
-    base = configuration.config_from_args(TrainConfig, parser, args)
+    base = config.config_from_args(TrainConfig, parser, args)
     if args.dry_run:
-        configuration.print_config(base)
+        config.print_config(base)
         return 0
     torch.set_num_threads(args.threads)
 

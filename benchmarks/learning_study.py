@@ -40,18 +40,21 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from trainer_client import configuration  # noqa: E402
+from trainer_client import config  # noqa: E402
+from trainer_client.checkpoints import latest_checkpoint  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
 from trainer_client.evaluate import (  # noqa: E402
-    EVAL_TEMPERATURE, evaluate, mean_std, plot_curves, read_run, results_table, subset,
+    evaluate, mean_std, plot_curves, read_run, results_table, subset,
 )
+from trainer_client.experts import expert_episodes, expert_samples, expert_texts  # noqa: E402
 from trainer_client.local_server import local_env_server  # noqa: E402
 from trainer_client.paired import compare as paired_compare  # noqa: E402
 from trainer_client.paired import outcome_values  # noqa: E402
 from trainer_client.policy import Policy, TransformersBackend, build_tiny_checkpoint  # noqa: E402
-from trainer_client.sft import expert_episodes, expert_samples, expert_texts, sft  # noqa: E402
+from trainer_client.sft import sft  # noqa: E402
 from trainer_client.timing import ITERATION_STAGES, mean_stage_seconds  # noqa: E402
-from trainer_client.train import TrainConfig, group_size_of, latest_checkpoint, train  # noqa: E402
+from trainer_client.train import train  # noqa: E402
+from trainer_client.train_config import TrainConfig, group_size_of  # noqa: E402
 
 # Each study arm: an estimator and the settings that make it the baseline the issue names. Everything
 # else (model, lr, episodes, iterations) comes from the study's one `rl` config, equal for all.
@@ -147,8 +150,8 @@ class StudyConfig:
 def arm_config(cfg: StudyConfig, arm: str, seed: int = 0, model_path: str = "", server: str = "",
                run_dir: str = "") -> TrainConfig:
     """The study's RL config with one arm's overrides, for one seed's run."""
-    merged = configuration.merge(configuration.to_dict(cfg.rl), configuration.parse_overrides(list(cfg.arms[arm])))
-    rl = configuration.from_dict(TrainConfig, merged, f"arm {arm}")
+    merged = config.merge(config.to_dict(cfg.rl), config.parse_overrides(list(cfg.arms[arm])))
+    rl = config.from_dict(TrainConfig, merged, f"arm {arm}")
     return dataclasses.replace(
         rl, seed=seed, run_dir=run_dir or rl.run_dir,
         model=dataclasses.replace(rl.model, path=model_path or rl.model.path),
@@ -194,7 +197,7 @@ async def evaluate_policy(pool: EnvPool, policy: Policy, cfg: StudyConfig,
     The eval seeds are the study's, not the training seed's: every checkpoint of every seed plays the same
     (game, eval seed) episodes, which is what makes the comparisons paired. Each episode samples from its own
     seeded generator (trainer_client.evaluate), so a result does not depend on batching."""
-    rollout = dataclasses.replace(cfg.rl.rollout, temperature=EVAL_TEMPERATURE, batch_wait_s=0.0)
+    rollout = dataclasses.replace(cfg.rl.rollout, temperature=cfg.rl.eval_temperature, batch_wait_s=0.0)
     backend = TransformersBackend.from_policy(policy)
     results = {}
     for split, held_out in tasks.items():
@@ -205,7 +208,7 @@ async def evaluate_policy(pool: EnvPool, policy: Policy, cfg: StudyConfig,
             runs.append({"seed": eval_seed, **result.as_dict()})
         # The shape of a `limen-eval` results file: `runs` pools in evaluate.results_table as they are.
         results[split] = {"env": cfg.env, "split": split, "tasks_played": len(held_out.task_ids),
-                          "split_tasks": held_out.split_tasks, "temperature": EVAL_TEMPERATURE,
+                          "split_tasks": held_out.split_tasks, "temperature": cfg.rl.eval_temperature,
                           "seeds": list(cfg.eval_seeds), "seconds": time.perf_counter() - started, "runs": runs}
     return results
 
@@ -310,7 +313,7 @@ def prepare_out_dir(cfg: StudyConfig) -> Path:
     """out_dir with this config in study.yaml; refused when it holds runs made with other settings, which a
     resumed study would otherwise mix in (more seeds, the extended arms or another report_dir are fine)."""
     out = Path(cfg.out_dir)
-    saved, current = out / "study.yaml", configuration.to_dict(cfg)
+    saved, current = out / "study.yaml", config.to_dict(cfg)
     if saved.is_file():
         changed = [key for key in changed_settings(yaml.safe_load(saved.read_text()), current)
                    if key.split(".")[0] not in RESUMABLE_CHANGES]
@@ -667,7 +670,7 @@ def table_files(results: StudyResults, split: str) -> list[dict]:
     every (training seed, eval seed) evaluation of that label)."""
     def file(label: str, evaluations: list[dict]) -> dict:
         first = evaluations[0] if evaluations else {}
-        return {"label": label, "env": first.get("env"), "split": split, "temperature": EVAL_TEMPERATURE,
+        return {"label": label, "env": first.get("env"), "split": split, "temperature": results.cfg.rl.eval_temperature,
                 "runs": [run for e in evaluations for run in e["runs"]], "tasks_played": first.get("tasks_played"),
                 "split_tasks": first.get("split_tasks")}
 
@@ -701,7 +704,7 @@ def setting_lines(results: StudyResults) -> list[str]:
              f"`{cfg.train_split}`; held-out: "
              + ", ".join(f"`{split}` ({cfg.eval_episodes.get(split) or 'all'} games)" for split in cfg.eval_splits)
              + f", the same games for every checkpoint, each played once per eval seed ({', '.join(map(str, cfg.eval_seeds))}) "
-             f"at T = {EVAL_TEMPERATURE}.",
+             f"at T = {rl.eval_temperature}.",
              f"- Seeds: {', '.join(map(str, cfg.seeds))}. Each seed builds its own tokenizer and tiny model "
              f"(`{cfg.model_size}`) and one SFT checkpoint that every algorithm of the seed starts from."]
     if results.sft:
@@ -840,8 +843,8 @@ def commit(paths: Sequence[Path], message: str, attempts: int = 30) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = configuration.Parser(prog="learning_study.py", description=__doc__.split("\n\n")[0])
-    configuration.add_config_arguments(parser, StudyConfig, dry_run=True)  # configs/study.yaml, study_smoke.yaml
+    parser = config.Parser(prog="learning_study.py", description=__doc__.split("\n\n")[0])
+    config.add_config_arguments(parser, StudyConfig, dry_run=True)  # configs/study.yaml, study_smoke.yaml
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--estimate", action="store_true", help="time SFT and a few iterations per arm, project the total")
     mode.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from the results files")
@@ -849,9 +852,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", action="store_true",
                         help="after each finished seed, git-commit summary.json, the results copies and RESULTS.md")
     args = parser.parse_intermixed_args(argv)
-    cfg = configuration.config_from_args(StudyConfig, parser, args)
+    cfg = config.config_from_args(StudyConfig, parser, args)
     if args.dry_run:
-        configuration.print_config(cfg)
+        config.print_config(cfg)
         return 0
     if args.commit and args.estimate:
         parser.error("--commit publishes finished seeds; --estimate finishes none")

@@ -39,17 +39,20 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from trainer_client import configuration  # noqa: E402
+from trainer_client import config  # noqa: E402
+from trainer_client.checkpoints import latest_policy  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
-from trainer_client.evaluate import EVAL_TEMPERATURE, EvalResult, evaluate  # noqa: E402
+from trainer_client.evaluate import EvalResult, evaluate  # noqa: E402
 from trainer_client.experience import pad_id  # noqa: E402
+from trainer_client.experts import expert_episodes, expert_samples  # noqa: E402
 from trainer_client.local_server import local_env_server  # noqa: E402
 from trainer_client.policy import Policy, TokenBatch, TransformersBackend, micro_batches  # noqa: E402
 from trainer_client.pretrained import PACKAGED_MODELS, fetch_model  # noqa: E402
 from trainer_client.prompting import PROMPTING_STYLES, prompt_config  # noqa: E402
 from trainer_client.rollout import RolloutConfig  # noqa: E402
-from trainer_client.sft import expert_episodes, expert_samples, sft  # noqa: E402
-from trainer_client.train import TrainConfig, train  # noqa: E402
+from trainer_client.sft import sft  # noqa: E402
+from trainer_client.train import train  # noqa: E402
+from trainer_client.train_config import TrainConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_CONFIG = "configs/real_model_check.yaml"
@@ -134,7 +137,7 @@ async def run(cfg: CheckConfig, console: Console) -> dict:
     torch.manual_seed(cfg.seed)
     started = time.perf_counter()
     seconds: dict[str, float] = {}
-    results: dict = {"config": configuration.to_dict(cfg), "seconds": seconds,
+    results: dict = {"config": config.to_dict(cfg), "seconds": seconds,
                      "machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()[0],
                                  "device": cfg.device,
                                  "gpu": torch.cuda.get_device_name() if cfg.device.startswith("cuda") else None}}
@@ -169,10 +172,10 @@ async def run(cfg: CheckConfig, console: Console) -> dict:
     note(f"{model.name}: {results['model']['parameters']:,} parameters, vocabulary {policy.n_policy_tokens:,}, "
          f"{policy.output_weight.shape[0]:,} output rows, reserved ids {policy.value_ids} (load {seconds['load']} s)")
 
-    rl_cfg = configuration.load(TrainConfig, REPO / cfg.rl_preset if not Path(cfg.rl_preset).is_absolute()
+    rl_cfg = config.load(TrainConfig, REPO / cfg.rl_preset if not Path(cfg.rl_preset).is_absolute()
                                 else cfg.rl_preset, list(cfg.rl_overrides))
     base_prompt = rl_cfg.prompt
-    eval_rollout = RolloutConfig(temperature=EVAL_TEMPERATURE, max_new_tokens=cfg.max_new_tokens,
+    eval_rollout = RolloutConfig(temperature=TrainConfig.eval_temperature, max_new_tokens=cfg.max_new_tokens,
                                  max_turns=cfg.max_turns, max_concurrent_episodes=cfg.games, max_batch=cfg.games,
                                  batch_wait_s=0.0)
 
@@ -258,8 +261,7 @@ async def run(cfg: CheckConfig, console: Console) -> dict:
             save()
 
             if cfg.eval_after_rl and metrics:
-                latest = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip() / "policy"
-                policy = Policy.load(latest, device=cfg.device)
+                policy = Policy.load(latest_policy(run_dir), device=cfg.device)
                 backend = TransformersBackend.from_policy(policy, dtype=torch.bfloat16)
                 await play("after_rl", base_prompt, dataclasses.replace(
                     eval_rollout, max_new_tokens=rl_cfg.rollout.max_new_tokens))
@@ -298,12 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    config = args.config or (CUDA_CONFIG if (args.device or "").startswith("cuda") else CPU_CONFIG)
+    preset = args.config or (CUDA_CONFIG if (args.device or "").startswith("cuda") else CPU_CONFIG)
     overrides = [*args.overrides, *([f"device={args.device}"] if args.device else [])]
     try:
-        cfg = configuration.load(CheckConfig, REPO / config if not Path(config).is_absolute() else config, overrides)
-        configuration.load(TrainConfig, REPO / cfg.rl_preset, list(cfg.rl_overrides))  # a typo fails before any work
-    except configuration.ConfigError as error:
+        cfg = config.load(CheckConfig, REPO / preset if not Path(preset).is_absolute() else preset, overrides)
+        config.load(TrainConfig, REPO / cfg.rl_preset, list(cfg.rl_overrides))  # a typo fails before any work
+    except config.ConfigError as error:
         parser.error(str(error))
     if not os.environ.get("ALFWORLD_DATA"):
         parser.error("the check plays the official ALFWorld games: set ALFWORLD_DATA to the folder holding "

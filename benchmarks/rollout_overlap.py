@@ -32,11 +32,11 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from trainer_client.env_pool import EnvPool  # noqa: E402
+from trainer_client.experts import expert_episodes, expert_texts  # noqa: E402
 from trainer_client.local_server import local_env_server  # noqa: E402
 from trainer_client.policy import Policy, SamplingConfig, TransformersBackend, build_tiny_checkpoint  # noqa: E402
 from trainer_client.prompts import PastTurn, PromptConfig, build_prompt, parse_action  # noqa: E402
 from trainer_client.rollout import RolloutConfig, RolloutTimes, TaskRef, collect, encode_prompt  # noqa: E402
-from trainer_client.sft import expert_episodes, expert_texts  # noqa: E402
 
 ENV, SPLIT = "alfworld", "gen_train"
 SMALL_GAMES = ["--env-option", "alfworld.generated=true", "--env-option", "alfworld.data_dir=''",

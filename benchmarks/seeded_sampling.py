@@ -28,7 +28,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402  (after the OpenMP setting)
 
 from trainer_client.policy import Policy, SamplingConfig, TransformersBackend, build_tiny_checkpoint  # noqa: E402
-from trainer_client.policy.generation import derive_seed, inverse_cdf, uniforms_for  # noqa: E402
+from trainer_client.policy.generation.base import derive_seed  # noqa: E402
+from trainer_client.policy.generation.transformers_backend import inverse_cdf, uniforms_for  # noqa: E402
 from trainer_client.policy.logits import policy_log_probs  # noqa: E402
 
 

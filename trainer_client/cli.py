@@ -10,7 +10,6 @@ the env can serve at all (a remote server's data is not visible from here).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import os
@@ -21,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer_client import configuration
+from trainer_client import config
 
 TINY_MODEL_PREFIX = "tiny-model:"
 # Expert episodes whose text the tiny model's tokenizer is trained on (the demo trains on its SFT episodes).
@@ -51,17 +50,17 @@ class Preflight:
 
     def fail_if_any(self, prog: str) -> None:
         if self.problems:
-            configuration.fail(prog, "; ".join(self.problems))
+            config.fail(prog, "; ".join(self.problems))
 
     def show(self, file=None) -> None:
         for note in self.notes:
             print(f"# dry-run: {note}", file=file or sys.stdout)
 
-    def settle(self, prog: str, config, dry_run: bool) -> bool:
+    def settle(self, prog: str, resolved, dry_run: bool) -> bool:
         """What every checked command does before its work: on a dry run print the resolved config and the
         notes; exit 2 on any problem. True when the command stops here (a dry run that passed)."""
         if dry_run:
-            configuration.print_config(config)
+            config.print_config(resolved)
             self.show()
         self.fail_if_any(prog)
         return dry_run
@@ -116,16 +115,14 @@ async def build_tiny_model(spec: str, env: str, split: str, servers: Sequence[st
     """The checkpoint a `tiny-model:SIZE` spec names: a random-init tiny Qwen2 model whose tokenizer is trained
     on the text of expert play of `env`/`split` (as the demo builds its model), made once and cached by
     everything that shapes it (env version included), so later runs start at once."""
-    from trainer_client.env_pool import EnvPool
-    from trainer_client.local_server import local_env_server
+    from trainer_client.local_server import open_env_pool
     from trainer_client.policy.tiny import build_tiny_checkpoint
-    from trainer_client.sft import expert_episodes, expert_texts
+    from trainer_client.experts import expert_episodes, expert_texts
 
     size = tiny_model_size(spec)
-    local = local_env_server([env], server_args) if not servers else contextlib.nullcontext(None)
-    async with local as address, EnvPool(list(servers) or [address]) as pool:
+    async with open_env_pool(servers, [env], server_args) as pool:
         version = (await pool.list_envs())[env].version
-        recipe = json.dumps([env, split, version, size, seed, episodes, configuration.to_dict(prompts)], sort_keys=True)
+        recipe = json.dumps([env, split, version, size, seed, episodes, config.to_dict(prompts)], sort_keys=True)
         out = tiny_model_cache() / f"{env}-{split}-{size}-{hashlib.sha256(recipe.encode()).hexdigest()[:16]}"
         if (out / "config.json").is_file():
             return out
@@ -240,7 +237,7 @@ def check_servers(servers: Sequence[str], report: Preflight) -> None:
 
 def check_train(cfg) -> Preflight:
     """limen-train's dry run: the model, the algorithm, the env's splits and servers of a TrainConfig."""
-    from trainer_client.train import group_size_of
+    from trainer_client.train_config import group_size_of
 
     report = Preflight()
     check_model(cfg.model.path, "model.path", report)

@@ -23,13 +23,16 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from trainer_client import configuration, paired
+from trainer_client import config, paired
 from trainer_client.env_pool import EnvPool
-from trainer_client.evaluate import EVAL_TEMPERATURE, EvalResult, evaluate
+from trainer_client.checkpoints import latest_policy
+from trainer_client.evaluate import EvalResult, evaluate
 from trainer_client.local_server import local_env_server
 from trainer_client.policy import Policy, TransformersBackend, build_tiny_checkpoint
-from trainer_client.sft import expert_episodes, expert_samples, expert_texts, sft
-from trainer_client.train import TrainConfig, train
+from trainer_client.experts import expert_episodes, expert_samples, expert_texts
+from trainer_client.sft import sft
+from trainer_client.train import train
+from trainer_client.train_config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class DemoConfig:
 
 
 def plot(out: Path, sft_losses: list[float], metrics: list[dict], before: EvalResult, after: EvalResult,
-         prompt_loss_weight: float = 0.0) -> Path:
+         prompt_loss_weight: float = 0.0, eval_temperature: float = TrainConfig.eval_temperature) -> Path:
     """One PNG: SFT loss, RL training success per iteration, held-out success before/after RL."""
     import matplotlib
     matplotlib.use("Agg")
@@ -77,7 +80,7 @@ def plot(out: Path, sft_losses: list[float], metrics: list[dict], before: EvalRe
     axes[1].set(title="RL (boundary critic)", xlabel="iteration", ylim=(0, 1.05))
     axes[1].legend()
     axes[2].bar(["after SFT", "after RL"], [before.success, after.success], color=["#999999", "#2a7ab9"])
-    axes[2].set(title=f"held-out success ({after.total.episodes} games, T={EVAL_TEMPERATURE})", ylim=(0, 1))
+    axes[2].set(title=f"held-out success ({after.total.episodes} games, T={eval_temperature})", ylim=(0, 1))
     for i, value in enumerate([before.success, after.success]):
         axes[2].text(i, value + 0.02, f"{value:.2f}", ha="center")
     fig.tight_layout()
@@ -104,11 +107,12 @@ def rl_config(cfg: DemoConfig, start: Path, run_dir: Path, address: str) -> Trai
 
 
 async def held_out(pool: EnvPool, cfg: DemoConfig, eval_ids: list[str], checkpoint: Path,
-                   temperature: float = EVAL_TEMPERATURE, split: str = "") -> EvalResult:
+                   temperature: float | None = None, split: str = "") -> EvalResult:
     """Success of `checkpoint` on the held-out games (of `split`, default the eval split), sampled at the
-    anchor's evaluation temperature unless told otherwise."""
+    run's evaluation temperature (rl.eval_temperature) unless told otherwise."""
     policy = Policy.load(checkpoint)
-    rollout = dataclasses.replace(cfg.rl.rollout, temperature=temperature)
+    rollout = dataclasses.replace(cfg.rl.rollout, temperature=cfg.rl.eval_temperature if temperature is None
+                                  else temperature)
     return await evaluate(pool, TransformersBackend.from_policy(policy), policy.tokenizer, cfg.env,
                           split or cfg.eval_split, eval_ids, rollout, cfg.rl.prompt, seed=cfg.seed)
 
@@ -157,8 +161,7 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
             note(f"held-out success after SFT: {counts(before)}")
 
             await train(rl_config(cfg, out / "sft", out / "rl", address), console=console)
-            latest = out / "rl" / "checkpoints" / (out / "rl" / "checkpoints" / "latest").read_text().strip()
-            after = await held_out(pool, cfg, eval_ids, latest / "policy")
+            after = await held_out(pool, cfg, eval_ids, latest_policy(out / "rl"))
             note(f"held-out success after RL: {counts(after)}")
             gain = paired.compare(paired.outcome_values([before]), paired.outcome_values([after]), seed=cfg.seed)
             note(f"paired on the same games and sampling seeds: {gain.describe()}")
@@ -167,17 +170,17 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
     (out / "results.json").write_text(json.dumps({"sft": before.as_dict(), "rl": after.as_dict(),
                                                   "paired_gain": dataclasses.asdict(gain),
                                                   "seconds": time.perf_counter() - started}, indent=2))
-    note(f"curve: {plot(out, sft_losses, metrics, before, after, cfg.sft_prompt_loss_weight)}")
+    note(f"curve: {plot(out, sft_losses, metrics, before, after, cfg.sft_prompt_loss_weight, cfg.rl.eval_temperature)}")
     return before, after
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = configuration.Parser(prog="python -m trainer_client.demo", description="SFT then RL on the embedded default.")
-    configuration.add_config_arguments(parser, DemoConfig, dry_run=True)
+    parser = config.Parser(prog="python -m trainer_client.demo", description="SFT then RL on the embedded default.")
+    config.add_config_arguments(parser, DemoConfig, dry_run=True)
     args = parser.parse_intermixed_args(argv)
-    cfg = configuration.config_from_args(DemoConfig, parser, args)
+    cfg = config.config_from_args(DemoConfig, parser, args)
     if args.dry_run:
-        configuration.print_config(cfg)
+        config.print_config(cfg)
         return 0
     console = Console(stderr=True)
     before, after = asyncio.run(run(cfg, console))

@@ -5,7 +5,7 @@
                [--dry-run]
     limen-eval combine a.json b.json ... [--markdown table.md] [--runs [LABEL=]RUN_DIR ...] [--plot curves.png]
 
-Sampling is at the anchor's temperature 0.4. Each results file holds one checkpoint's counts per eval seed;
+Sampling is at the anchor's temperature 0.4 (TrainConfig.eval_temperature). Each results file holds one checkpoint's counts per eval seed;
 `combine` pools files by label into the anchor's table (research/algorithm.md §2.1) and plots learning
 curves from runs' metrics.jsonl.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import json
 import math
@@ -26,22 +25,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 import yaml
 
-from trainer_client import cli, configuration
+from trainer_client import cli, config
+from trainer_client.checkpoints import find_run_config
 from trainer_client.cli import EnvTarget
 from trainer_client.env_pool import EnvPool
-from trainer_client.local_server import local_env_server
+from trainer_client.local_server import open_env_pool
 from trainer_client.paired import paired_report
 from trainer_client.policy import Policy, TransformersBackend
+from trainer_client.policy.dtypes import ModelDtype, names, torch_dtype
 from trainer_client.policy.generation import GenerationBackend
 from trainer_client.policy.qwen import QWEN25_CHAT_TEMPLATE
 from trainer_client.prompting import PROMPTING_STYLES, prompt_config
 from trainer_client.prompts import PromptConfig
 from trainer_client.rollout import EpisodeRecord, RolloutConfig, TaskRef, collect
+from trainer_client.train_config import TrainConfig
 
-EVAL_TEMPERATURE = 0.4
 # The anchor table's columns: ALFWorld's six task types (short names as verl-agent reports them), WebShop's two.
 ALFWORLD_CATEGORIES = ("pick", "look", "clean", "heat", "cool", "pick2")
 WEBSHOP_COLUMNS = (("WS Score", "score"), ("WS Succ", "success"))
@@ -207,8 +207,8 @@ def read_run(spec: str) -> tuple[str, list[dict]]:
     if not metrics.is_file():
         raise FileNotFoundError(f"{metrics} does not exist (is {run_dir} a training run directory?)")
     if not label:
-        config = run_dir / "config.yaml"
-        label = yaml.safe_load(config.read_text()).get("algo", run_dir.name) if config.is_file() else run_dir.name
+        saved = run_dir / "config.yaml"
+        label = yaml.safe_load(saved.read_text()).get("algo", run_dir.name) if saved.is_file() else run_dir.name
     return label, [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
 
 
@@ -224,7 +224,8 @@ def mean_curve(runs: Sequence[Sequence[Mapping]], key: str) -> tuple[list[int], 
     return iterations, [m for m, _ in stats], [s or 0.0 for _, s in stats]
 
 
-def plot_curves(runs: Mapping[str, Sequence[Sequence[Mapping]]], out: Path) -> Path:
+def plot_curves(runs: Mapping[str, Sequence[Sequence[Mapping]]], out: Path,
+                eval_temperature: float = TrainConfig.eval_temperature) -> Path:
     """A PNG of success over iterations per label (mean ± std band over its runs): training rollouts, and
     held-out evaluation where the runs logged it."""
     import matplotlib
@@ -233,7 +234,7 @@ def plot_curves(runs: Mapping[str, Sequence[Sequence[Mapping]]], out: Path) -> P
 
     panels = [("rollout/success", "training rollouts (T = 1.0)")]
     if any("eval/success" in row for label_runs in runs.values() for rows in label_runs for row in rows):
-        panels.append(("eval/success", f"held-out (T = {EVAL_TEMPERATURE})"))
+        panels.append(("eval/success", f"held-out (T = {eval_temperature})"))
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4), squeeze=False)
     for ax, (key, title) in zip(axes[0], panels):
         for label, label_runs in runs.items():
@@ -273,7 +274,7 @@ class EvalJob:
     """Row name in tables (default: the run's algo, or the checkpoint's name and the prompting style)."""
     chat_template: str = ""
     """For checkpoints without one: qwen25 (Qwen2.5's ChatML template)."""
-    temperature: float = EVAL_TEMPERATURE
+    temperature: float = TrainConfig.eval_temperature
     max_turns: int = 0
     """0: the env's default (ALFWorld 50, WebShop 15)."""
     max_new_tokens: int = 0
@@ -281,7 +282,7 @@ class EvalJob:
     concurrency: int = 32
     """Episodes played at once."""
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: ModelDtype = "float32"
     run_config: str = ""
     """The run's config.yaml (default: found beside the checkpoint)."""
     out: str = ""
@@ -298,17 +299,8 @@ class EvalJob:
             raise ValueError("episodes, max_turns and max_new_tokens must be >= 0, concurrency >= 1")
         if self.chat_template not in CHAT_TEMPLATES:
             raise ValueError(f"chat_template must be one of {[n for n in CHAT_TEMPLATES if n]}, got {self.chat_template!r}")
-        if self.dtype not in ("float32", "bfloat16"):
+        if self.dtype not in names(ModelDtype):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
-
-
-def find_run_config(checkpoint: Path) -> Path | None:
-    """The config.yaml of the training run a checkpoint belongs to (run_dir/checkpoints/iter_N/policy)."""
-    for directory in (checkpoint, *list(checkpoint.parents)[:3]):
-        candidate = directory / "config.yaml"
-        if candidate.is_file() and "algo" in (yaml.safe_load(candidate.read_text()) or {}):
-            return candidate
-    return None
 
 
 def job_settings(job: EvalJob) -> tuple[str, PromptConfig, RolloutConfig]:
@@ -317,8 +309,8 @@ def job_settings(job: EvalJob) -> tuple[str, PromptConfig, RolloutConfig]:
     generation so a seed replays exactly."""
     config_path = Path(job.run_config) if job.run_config else find_run_config(Path(job.checkpoint))
     run = yaml.safe_load(config_path.read_text()) if config_path else {}
-    prompts = configuration.from_dict(PromptConfig, run.get("prompt", {}), "prompt")
-    rollout = configuration.from_dict(RolloutConfig, run.get("rollout", {}), "rollout")
+    prompts = config.from_dict(PromptConfig, run.get("prompt", {}), "prompt")
+    rollout = config.from_dict(RolloutConfig, run.get("rollout", {}), "rollout")
     if job.prompting:
         prompts = prompt_config(job.prompting, job.env.name, prompts)
     rollout = dataclasses.replace(
@@ -332,13 +324,12 @@ def job_settings(job: EvalJob) -> tuple[str, PromptConfig, RolloutConfig]:
 async def run_job(job: EvalJob) -> dict:
     """Evaluate the checkpoint once per seed; returns the results file's content."""
     label, prompts, rollout = job_settings(job)
-    policy = Policy.load(job.checkpoint, device=job.device, dtype=getattr(torch, job.dtype),
+    policy = Policy.load(job.checkpoint, device=job.device, dtype=torch_dtype(job.dtype),
                          chat_template=CHAT_TEMPLATES[job.chat_template])
     backend = TransformersBackend.from_policy(policy)
     runs = []
     env = job.env
-    local = local_env_server([env.name], env.server_args) if not env.servers else contextlib.nullcontext(None)
-    async with local as address, EnvPool(list(env.servers) or [address]) as pool:
+    async with open_env_pool(env.servers, [env.name], env.server_args) as pool:
         split = (await pool.list_envs())[env.name].splits[env.split]
         task_ids = subset(await pool.list_tasks(env.name, env.split), job.episodes)
         for seed in job.seeds:
@@ -366,10 +357,10 @@ def describe(result: EvalResult) -> str:
 
 
 def eval_parser() -> argparse.ArgumentParser:
-    """The preset, the aliases and key=value overrides of an EvalJob (trainer_client.configuration), --dry-run."""
-    parser = configuration.Parser(prog="limen-eval", description="Evaluate a checkpoint on a held-out split "
+    """The preset, the aliases and key=value overrides of an EvalJob (trainer_client.config), --dry-run."""
+    parser = config.Parser(prog="limen-eval", description="Evaluate a checkpoint on a held-out split "
                                   "(or `limen-eval combine ...` to tabulate results files).")
-    configuration.add_config_arguments(parser, EvalJob, dry_run=True)
+    config.add_config_arguments(parser, EvalJob, dry_run=True)
     return parser
 
 
@@ -413,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return combine(argv[1:])
     parser = eval_parser()
     args = parser.parse_intermixed_args(argv)
-    job = configuration.config_from_args(EvalJob, parser, args)
+    job = config.config_from_args(EvalJob, parser, args)
     if cli.check_eval(job).settle(parser.prog, job, args.dry_run):
         return 0
     results = asyncio.run(run_job(job))

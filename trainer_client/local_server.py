@@ -1,4 +1,5 @@
-"""Start an env server as a child process on a free loopback port, for runs given no `--env-servers`.
+"""Start an env server as a child process on a free loopback port, for runs given no `--env-servers`, and
+open the env pool on the servers given or on that local one.
 
 The trainer then talks to it over a real gRPC channel, exactly as it would to a pod.
 """
@@ -19,6 +20,8 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from trainer_client.env_pool import EnvPool, PoolConfig
 
 READINESS_SERVICE = "limen.env.v1.EnvService"
 
@@ -80,3 +83,14 @@ async def local_env_server(envs: Sequence[str], extra_args: Sequence[str] = (), 
                 process.kill()
         if log is not subprocess.DEVNULL:
             log.close()
+
+
+@contextlib.asynccontextmanager
+async def open_env_pool(servers: Sequence[str], envs: Sequence[str], server_args: Sequence[str] = (),
+                        pool_config: PoolConfig | None = None, log_file: Path | None = None) -> AsyncIterator[EnvPool]:
+    """An EnvPool on `servers`, or, when none are given, on a local env server started for the command (and
+    drained when the pool closes): what every command that takes `env.servers` does."""
+    async with contextlib.AsyncExitStack() as stack:
+        targets = list(servers) or [await stack.enter_async_context(
+            local_env_server(envs, server_args, log_file=log_file))]
+        yield await stack.enter_async_context(EnvPool(targets, pool_config or PoolConfig()))

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from trainer_client.env_pool import EnvPool, EnvPoolError, Transition
-from trainer_client.policy.generation import Completion, GenerationBackend, SamplingConfig, derive_seed
+from trainer_client.policy.generation import Completion, GenerationBackend, Sampling, SamplingConfig, derive_seed
 from trainer_client.prompts import PastTurn, PromptConfig, build_prompt, format_penalty, parse_action
 
 
@@ -76,16 +76,16 @@ class EpisodeRecord:
 
 
 @dataclass(frozen=True)
-class RolloutConfig:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 512
+class RolloutConfig(Sampling):
+    """How episodes are played: sampling (temperature, top_p, max_new_tokens: policy.generation.Sampling),
+    turn limit, concurrency and batching."""
+
     max_turns: int = 0                # 0: the env's default (ALFWorld 50, WebShop 15)
     max_concurrent_episodes: int = 256
     max_batch: int = 256              # prompts per generation call
     # How long a partial batch waits for more episodes to ask. 0 or less: wait for every live episode
     # (lock-step batches). Sampling is seeded per request either way; lock-step batches also repeat the
-    # batch shapes, hence the float rounding of the batched forward (see policy/generation.py).
+    # batch shapes, hence the float rounding of the batched forward (see policy/generation/base.py).
     batch_wait_s: float = 0.02
 
 

@@ -1,8 +1,7 @@
 """Supervised warm start from expert trajectories, in exactly the prompt format RL uses.
 
-Expert episodes come from the envs themselves (`info["expert_action"]`, which ALFWorld, WebShop and the toy
-env all provide) played through the env pool, or from a JSONL export (ALFWorld's expert_export). Each turn
-becomes one (prompt, expert reply) sample; the loss is the policy's masked log-likelihood of the reply.
+Expert episodes (trainer_client/experts.py) become one (prompt, expert reply) sample per turn; the loss is
+the policy's masked log-likelihood of the reply.
 
     python -m trainer_client.sft --checkpoint DIR --env alfworld --split train --episodes 200 --out DIR
 """
@@ -10,104 +9,22 @@ becomes one (prompt, expert reply) sample; the loss is the policy's masked log-l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import json
 import math
 import random
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainer_client.cli import EnvTarget, check_sft, resolve_tiny_model
-from trainer_client.env_pool import EnvPool, EnvPoolError
 from trainer_client.experience import pad_id
+from trainer_client.experts import ExpertEpisode, expert_episodes, expert_samples, read_jsonl
 from trainer_client.policy import Policy, TokenBatch, TurnSample, micro_batches
-from trainer_client.prompts import PastTurn, PromptConfig, build_prompt, expert_reply
-from trainer_client.rollout import encode_prompt
-
-
-@dataclass(frozen=True)
-class ExpertTurn:
-    observation: str
-    admissible_actions: tuple[str, ...]
-    action: str
-
-
-@dataclass(frozen=True)
-class ExpertEpisode:
-    env: str
-    task_id: str
-    category: str
-    instruction: str
-    turns: tuple[ExpertTurn, ...]
-    won: bool
-
-
-async def play_expert(pool: EnvPool, env: str, split: str, task_id: str, seed: int = 0) -> ExpertEpisode:
-    """Follow the env's own expert (`info["expert_action"]`) to the end of the episode."""
-    turns = []
-    async with await pool.open(env, split, task_id, seed=seed) as episode:
-        t = episode.first
-        while not t.done:
-            action = t.info.get("expert_action")
-            if not action:
-                raise ValueError(f"{env} gave no expert_action at step {t.step_index} of task {task_id}")
-            turns.append(ExpertTurn(t.observation, tuple(t.admissible_actions), action))
-            t = await episode.step(action)
-        first = episode.first
-        return ExpertEpisode(env, task_id, first.task_category, first.instruction, tuple(turns), t.won)
-
-
-async def expert_episodes(pool: EnvPool, env: str, split: str, task_ids: Sequence[str], seed: int = 0,
-                          concurrency: int = 16) -> list[ExpertEpisode]:
-    """Expert play of every task (infrastructure failures are skipped and reported, not hidden)."""
-    limit = asyncio.Semaphore(concurrency)
-
-    async def one(task_id: str) -> ExpertEpisode | None:
-        async with limit:
-            try:
-                return await play_expert(pool, env, split, task_id, seed)
-            except EnvPoolError as error:
-                print(f"expert episode {task_id} dropped: {error}", file=sys.stderr)
-                return None
-
-    return [e for e in await asyncio.gather(*(one(t) for t in task_ids)) if e is not None]
-
-
-def read_jsonl(path: str | Path) -> list[ExpertEpisode]:
-    """Episodes exported as JSONL: {env, task_id, category, instruction, won, turns: [{observation,
-    admissible_actions, expert_action}]} per line (ALFWorld's expert_export writes these fields)."""
-    episodes = []
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            turns = tuple(ExpertTurn(t["observation"], tuple(t["admissible_actions"]), t["expert_action"])
-                          for t in r["turns"])
-            episodes.append(ExpertEpisode(r.get("env", "alfworld"), r["task_id"], r.get("category", ""),
-                                          r["instruction"], turns, bool(r.get("won", True))))
-    return episodes
-
-
-def expert_texts(episodes: Iterable[ExpertEpisode], prompts: PromptConfig) -> Iterable[tuple[str, str]]:
-    """(user prompt, expert reply) per turn, built exactly as the rollout builds its prompts."""
-    for e in episodes:
-        history: list[PastTurn] = []
-        for step, turn in enumerate(e.turns):
-            yield (build_prompt(e.env, e.instruction, turn.observation, turn.admissible_actions, history, step, prompts),
-                   expert_reply(turn.action))
-            history.append(PastTurn(turn.observation, turn.action))
-
-
-def expert_samples(tokenizer, episodes: Iterable[ExpertEpisode], prompts: PromptConfig) -> list[TurnSample]:
-    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    return [TurnSample(encode_prompt(tokenizer, user), tuple(tokenizer.encode(reply, add_special_tokens=False)) + (end,))
-            for user, reply in expert_texts(episodes, prompts)]
+from trainer_client.prompts import PromptConfig
 
 
 def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: float, batch_turns: int = 32,
@@ -207,13 +124,13 @@ class SFTJob:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer_client import configuration
-    from trainer_client.local_server import local_env_server
+    from trainer_client import config
+    from trainer_client.local_server import open_env_pool
 
-    parser = configuration.Parser(prog="python -m trainer_client.sft", description=__doc__.split("\n\n")[0])
-    configuration.add_config_arguments(parser, SFTJob, dry_run=True)
+    parser = config.Parser(prog="python -m trainer_client.sft", description=__doc__.split("\n\n")[0])
+    config.add_config_arguments(parser, SFTJob, dry_run=True)
     args = parser.parse_intermixed_args(argv)
-    job = configuration.config_from_args(SFTJob, parser, args)
+    job = config.config_from_args(SFTJob, parser, args)
     if check_sft(job).settle(parser.prog, job, args.dry_run):
         return 0
 
@@ -221,11 +138,10 @@ def main(argv: list[str] | None = None) -> int:
         if job.data:
             return read_jsonl(job.data)
         env = job.env
-        async with local_env_server([env.name], env.server_args) if not env.servers else contextlib.nullcontext(None) as target:
-            async with EnvPool(list(env.servers) or [target]) as pool:
-                task_ids = sorted(await pool.list_tasks(env.name, env.split))
-                task_ids = random.Random(job.seed).sample(task_ids, min(len(task_ids), job.episodes or len(task_ids)))
-                return await expert_episodes(pool, env.name, env.split, task_ids, job.seed)
+        async with open_env_pool(env.servers, [env.name], env.server_args) as pool:
+            task_ids = sorted(await pool.list_tasks(env.name, env.split))
+            task_ids = random.Random(job.seed).sample(task_ids, min(len(task_ids), job.episodes or len(task_ids)))
+            return await expert_episodes(pool, env.name, env.split, task_ids, job.seed)
 
     episodes = asyncio.run(load_episodes())
     # A tiny-model:SIZE start is built (or taken from the cache) from the same env, as limen-train does.

@@ -10,119 +10,30 @@ Each iteration reseeds torch from (seed, iteration), so a resumed run samples wh
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import random
-import shutil
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import torch
 import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trainer_client import cli, configuration, distributed
-from trainer_client.algorithms import (
-    AdvantageConfig, Advantages, EstimatorNeeds, LossConfig, ValueSource, explained_variance, get_estimator,
-    masked_mean,
-)
+from trainer_client import cli, config, distributed
+from trainer_client.algorithms import get_estimator
+from trainer_client.checkpoints import checkpoint_dir, latest_checkpoint, save_checkpoint, trainer_state
 from trainer_client.env_pool import EnvPool, PoolConfig
-from trainer_client.evaluate import EVAL_TEMPERATURE, evaluate
-from trainer_client.experience import critic_readout, pad_id, policy_readout, turn_batch, turn_samples
-from trainer_client.local_server import local_env_server
-from trainer_client.memory import HardwareConfig, check_fits
-from trainer_client.policy import Critic, Policy, TurnSample
-from trainer_client.policy.backends import GenerationConfig, build_backend
-from trainer_client.prompts import PromptConfig
-from trainer_client.rollout import EpisodeRecord, RolloutConfig, TaskRef, collect
+from trainer_client.evaluate import evaluate
+from trainer_client.gpu_memory import check_fits
+from trainer_client.learner import Learner, learn, load_learner
+from trainer_client.local_server import open_env_pool
+from trainer_client.policy import Policy
+from trainer_client.policy.generation import build_backend
+from trainer_client.rollout import EpisodeRecord, TaskRef, collect
 from trainer_client.timing import Timer, breakdown_table, device_synchronizer, mean_stage_seconds
-from trainer_client.update import UpdateTargets, critic_update, ppo_policy_update
-
-
-# ---- configuration ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    path: str = ""
-    """Checkpoint directory or hub name of the policy (and of the separate critic, for ppo_critic)."""
-    device: str = "cpu"
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype of every model (bfloat16 halves memory; the value readout stays fp32 either way)."""
-    bf16_autocast: bool = False
-    """bf16 autocast for forward/backward (fp32 master weights; the value readout stays fp32)."""
-    gradient_checkpointing: bool = False
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    name: str = "alfworld"
-    train_split: str = "train"
-    eval_split: str = ""
-    report_splits: tuple[str, ...] = ()
-    """More splits evaluated beside eval_split at the same cadence, logged as eval/<split>/... (e.g. ALFWorld's
-    out-of-distribution valid_unseen beside the anchor's in-distribution valid_seen)."""
-    servers: tuple[str, ...] = ()
-    """host:port or dns:///name:port targets; empty starts a local env server for this run."""
-    server_args: tuple[str, ...] = ()
-    """Extra flags for the local env server, e.g. ["--workers", "2"]."""
-    transport: str = "stream"
-    allow_mixed_versions: bool = False
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 1e-6
-    value_lr: float = 1e-4
-    """Learning rate of the two boundary readout rows (their own optimizer group)."""
-    critic_lr: float = 1e-5
-    weight_decay: float = 0.0
-    adam_eps: float = 1e-8
-    """AdamW's epsilon. Tiny models want ~1e-5 (as PPO implementations use): at 1e-8, parameters whose
-    gradient is only noise still step by ~lr each update, and the policy drifts."""
-    grad_clip: float = 1.0
-    """Gradient-norm clip of the model (backbone and output layer)."""
-    value_grad_clip: float = 1.0
-    """Gradient-norm clip of the two value rows, apart from the model's (update.ppo_policy_update)."""
-    grad_sources_every: int = 0
-    """Every this many iterations, log the backbone gradient norm from the policy loss and from the value
-    loss separately (grad/backbone_from_*; two extra backward passes over one micro-batch). 0: never."""
-    epochs: int = 1
-    mini_batch_turns: int = 256
-    micro_batch_tokens: int = 16384
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    algo: str = "boundary"
-    iterations: int = 150
-    episodes_per_iteration: int = 128
-    """Equal for every algorithm: tasks = episodes / group_size (boundary 128 x 1, grpo 16 x 8)."""
-    group_size: int = 0
-    """Rollouts per task; 0 takes the estimator's default."""
-    seed: int = 0
-    run_dir: str = "runs/default"
-    save_every: int = 10
-    eval_every: int = 0
-    """Evaluate on env.eval_split every this many iterations (0: never during training)."""
-    eval_episodes: int = 0
-    """Tasks of the eval split to play (0: all)."""
-    timing_every: int = 10
-    """Print the mean runtime breakdown of the last this many iterations (and of the whole run at the end)."""
-    model: ModelConfig = field(default_factory=ModelConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    prompt: PromptConfig = field(default_factory=PromptConfig)
-    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    hardware: HardwareConfig = field(default_factory=HardwareConfig)
-    """The GPUs the run is sized for; when set, the trainer checks its memory estimate first (memory.py)."""
+from trainer_client.train_config import TrainConfig, group_size_of
 
 
 # ---- small pieces the loop uses -----------------------------------------------------------------------
@@ -210,134 +121,69 @@ class RunLog:
             self.tensorboard.flush()
 
 
-# ---- the models of one algorithm, and one learning step ------------------------------------------------
+# ---- setting a run up, and what it does besides learning ----------------------------------------------
 
 
-@dataclass
-class Learner:
-    """What an algorithm trains and reads: the policy (its own critic, through the boundary readout), and
-    what some baselines add: a frozen reference for the KL term, a separate critic with its own optimizer."""
-
-    policy: Policy
-    optimizer: torch.optim.Optimizer
-    reference: Policy | None = None
-    critic: Critic | None = None
-    critic_optimizer: torch.optim.Optimizer | None = None
-
-    @property
-    def pad(self) -> int:
-        return pad_id(self.policy.tokenizer)
+def start_run_dir(cfg: TrainConfig) -> Path:
+    """The run directory, with the resolved config written into it (what `limen-eval` and reports read)."""
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(cfg), sort_keys=False))
+    return run_dir
 
 
-def load_learner(cfg: TrainConfig, needs: EstimatorNeeds, checkpoint: Path | None = None) -> Learner:
-    """The models `cfg` and the estimator's `needs` call for, from cfg.model.path or a run checkpoint
-    (whose optimizer states the caller restores)."""
-    load = dict(dtype=getattr(torch, cfg.model.dtype), device=cfg.model.device,
-                use_bf16_autocast=cfg.model.bf16_autocast)
-    # Under torchrun every model is FSDP-sharded before an optimizer holds its parameters (distributed.py).
-    policy = distributed.shard(Policy.load(checkpoint / "policy" if checkpoint else cfg.model.path,
-                                           gradient_checkpointing=cfg.model.gradient_checkpointing, **load))
-    learner = Learner(policy, torch.optim.AdamW(
-        policy.parameter_groups(cfg.optim.lr, cfg.optim.value_lr, cfg.optim.weight_decay), eps=cfg.optim.adam_eps))
-    if cfg.loss.kl_coef > 0:  # the frozen starting policy (the run's, not the resumed one's)
-        learner.reference = distributed.shard(Policy.load(cfg.model.path, tokenizer=policy.tokenizer, **load))
-        learner.reference.requires_grad_(False)
-    if needs.values in (ValueSource.CRITIC_TURN, ValueSource.CRITIC_TOKEN):
-        learner.critic = distributed.shard(Critic.load(checkpoint / "critic" if checkpoint else cfg.model.path,
-                                                       gradient_checkpointing=cfg.model.gradient_checkpointing, **load))
-        learner.critic_optimizer = torch.optim.AdamW(learner.critic.parameters(), lr=cfg.optim.critic_lr,
-                                                       eps=cfg.optim.adam_eps)
-    return learner
+def restore_optimizers(learner: Learner, state: dict) -> None:
+    learner.optimizer.load_state_dict(state["optimizer"])
+    if learner.critic_optimizer is not None:
+        learner.critic_optimizer.load_state_dict(state["critic_optimizer"])
 
 
-def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, timer: Timer,
-          iteration: int = 0) -> dict[str, float]:
-    """Steps 2-4 of an iteration on finished episodes: readout, advantages, updates. Returns the metrics."""
-    estimator = get_estimator(cfg.algo)
-    needs = estimator.needs(cfg.advantage)
-    samples, tokens = turn_samples(episodes), cfg.optim.micro_batch_tokens
+def generation_copy(cfg: TrainConfig, policy: Policy, checkpoint: Path | None) -> Policy:
+    """The policy that generates and saves: the learner's own, or under torchrun a full copy (a sharded
+    policy can do neither)."""
+    return distributed.full_copy(policy, lambda: Policy.load(
+        checkpoint / "policy" if checkpoint else cfg.model.path, tokenizer=policy.tokenizer,
+        dtype=getattr(torch, cfg.model.dtype), device=cfg.model.device if cfg.generation.backend == "transformers"
+        else "cpu"))
 
-    # 2. Readout (no grad): old log-probs, entropy, and V, Q from the policy's own backbone. A stage an
-    #    algorithm does not have is not entered, so its time stays exactly 0.
-    with timer("old_log_prob"):  # at the sampling temperature, as the sampler drew the tokens
-        old = policy_readout(learner.policy, samples, tokens, cfg.rollout.temperature)
-    ref = critic_values = last_values = None
-    if learner.reference is not None:
-        with timer("ref"):
-            ref = policy_readout(learner.reference, samples, tokens, cfg.rollout.temperature)
-    if learner.critic is not None:
-        with timer("values"):
-            critic_values = critic_readout(learner.critic, samples, learner.pad, tokens)
-    if needs.last_values:
-        with timer("values"):
-            last_values = bootstrap_values(learner, episodes, needs, tokens)
 
-    # 3. Advantages: one estimator signature for every algorithm.
-    with timer("adv"):
-        batch = turn_batch(episodes, old, needs, critic_values, last_values, cfg.advantage.anchor_similarity)
-        advantages = estimator(batch, cfg.advantage)
-        targets = update_targets(batch, advantages, old, ref, needs)
-    metrics = value_metrics(batch, advantages, needs) | sampler_drift(episodes, old)
+async def eval_task_lists(pool: EnvPool, cfg: TrainConfig) -> dict[str, list[str]]:
+    """Split -> the tasks evaluated during training; the first is env.eval_split, then env.report_splits."""
+    eval_tasks: dict[str, list[str]] = {}
+    for split in ((cfg.env.eval_split, *cfg.env.report_splits) if cfg.env.eval_split and cfg.eval_every else ()):
+        tasks = sorted(await pool.list_tasks(cfg.env.name, split))
+        eval_tasks[split] = tasks[:cfg.eval_episodes] if cfg.eval_episodes else tasks
+    return eval_tasks
 
-    # 4. Updates: a separate critic on its own, then the actor (+ V and Q with the readout).
-    if learner.critic is not None:
-        with timer("update_critic"):
-            metrics |= train_critic(learner, samples, batch, advantages, critic_values, needs, cfg)
-    with timer("update_actor"):
-        metrics |= ppo_policy_update(
-            learner.policy, learner.optimizer, samples, targets, cfg.loss, epochs=cfg.optim.epochs,
-            mini_batch_turns=cfg.optim.mini_batch_turns, micro_batch_tokens=tokens,
-            grad_clip=cfg.optim.grad_clip, pad_id=learner.pad, value_grad_clip=cfg.optim.value_grad_clip,
-            temperature=cfg.rollout.temperature,
-            measure_gradient_sources=bool(cfg.optim.grad_sources_every) and iteration % cfg.optim.grad_sources_every == 0)
+
+async def evaluate_splits(pool: EnvPool, backend, tokenizer, cfg: TrainConfig, eval_tasks: dict[str, list[str]],
+                          timer: Timer) -> dict[str, float]:
+    """Held-out success and score of the current weights, at the evaluation temperature."""
+    metrics = {}
+    for position, (split, tasks) in enumerate(eval_tasks.items()):
+        with timer("eval"):
+            result = await evaluate(pool, backend, tokenizer, cfg.env.name, split, tasks,
+                                    dataclasses.replace(cfg.rollout, temperature=cfg.eval_temperature),
+                                    cfg.prompt, seed=cfg.seed)
+        prefix = "eval" if position == 0 else f"eval/{split}"
+        metrics[f"{prefix}/success"] = result.success
+        metrics[f"{prefix}/score"] = result.score
+        metrics |= {f"{prefix}/success/{k}": c.success for k, c in result.by_category.items()}
     return metrics
 
 
-def group_size_of(cfg: TrainConfig) -> int:
-    """Rollouts per task; every algorithm plays the same episodes per iteration, so it must divide them."""
-    group_size = cfg.group_size or get_estimator(cfg.algo).needs(cfg.advantage).group_size
-    if cfg.episodes_per_iteration < group_size or cfg.episodes_per_iteration % group_size:
-        raise ValueError(f"episodes_per_iteration={cfg.episodes_per_iteration} is not a multiple of {cfg.algo}'s "
-                         f"group size {group_size}: every algorithm must play the same number of episodes")
-    return group_size
+def save(run_dir: Path, iteration: int, learner: Learner, generator: Policy, sampler: TaskSampler,
+         context: distributed.DistributedContext) -> None:
+    if context.world_size == 1:
+        save_checkpoint(run_dir, iteration, learner, sampler.position)
+    elif context.is_main:   # optimizer states stay sharded: the weights only
+        generator.save(checkpoint_dir(run_dir, iteration) / "policy")
 
 
 def print_breakdown(console: Console, rows: list[dict], title: str) -> None:
     mean = mean_stage_seconds(rows)
     share = {k: 100.0 * v / mean["iteration"] for k, v in mean.items()} if mean["iteration"] > 0 else {}
     console.print(breakdown_table({"mean s": mean, "share %": share}, title), markup=False, highlight=False)
-
-
-# ---- checkpoints --------------------------------------------------------------------------------------
-
-
-def save_checkpoint(run_dir: Path, iteration: int, learner: Learner, sampler: TaskSampler) -> Path:
-    """checkpoints/iter_NNNNNN/{policy/, critic/, trainer_state.pt}, written to a temp dir then renamed."""
-    final = run_dir / "checkpoints" / f"iter_{iteration:06d}"
-    tmp = final.with_name(final.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    learner.policy.save(tmp / "policy")
-    if learner.critic is not None:
-        learner.critic.save(tmp / "critic")
-    torch.save({
-        "iteration": iteration,
-        "sampler_position": sampler.position,
-        "optimizer": learner.optimizer.state_dict(),
-        "critic_optimizer": learner.critic_optimizer.state_dict() if learner.critic_optimizer is not None else None,
-    }, tmp / "trainer_state.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    # Replaced in one rename: a trainer killed here leaves the old pointer or the new one, never an empty file.
-    pointer = run_dir / "checkpoints" / "latest"
-    staged = pointer.with_name("latest.tmp")
-    staged.write_text(final.name)
-    staged.replace(pointer)
-    return final
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = run_dir / "checkpoints" / "latest"
-    return run_dir / "checkpoints" / pointer.read_text().strip() if pointer.exists() else None
 
 
 # ---- the loop -----------------------------------------------------------------------------------------
@@ -350,43 +196,28 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
     if cfg.hardware.gpus:
         check_fits(cfg)
     console = console or Console(stderr=True, quiet=not context.is_main)
-    run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(configuration.to_dict(cfg), sort_keys=False))
+    run_dir = start_run_dir(cfg)
 
     needs = get_estimator(cfg.algo).needs(cfg.advantage)
     group_size = group_size_of(cfg)
     checkpoint = latest_checkpoint(run_dir) if resume else None
-    state = torch.load(checkpoint / "trainer_state.pt", weights_only=False) if checkpoint else None
+    state = trainer_state(checkpoint) if checkpoint else None
     start = state["iteration"] + 1 if state else 0
-
     learner = load_learner(cfg, needs, checkpoint)
     if state:
-        learner.optimizer.load_state_dict(state["optimizer"])
-        if learner.critic_optimizer is not None:
-            learner.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        restore_optimizers(learner, state)
     policy = learner.policy
-    # A sharded policy can neither generate nor save; under torchrun a full copy does both.
-    generator = distributed.full_copy(policy, lambda: Policy.load(
-        checkpoint / "policy" if checkpoint else cfg.model.path, tokenizer=policy.tokenizer,
-        dtype=getattr(torch, cfg.model.dtype), device=cfg.model.device if cfg.generation.backend == "transformers"
-        else "cpu"))
+    generator = generation_copy(cfg, policy, checkpoint)
     backend = build_backend(cfg.generation, generator)
     log = RunLog(run_dir if context.is_main else run_dir / f"rank{context.rank}", start)
     timings: list[dict] = []
 
-    async with contextlib.AsyncExitStack() as stack:
-        targets = list(cfg.env.servers) or [await stack.enter_async_context(
-            local_env_server([cfg.env.name], cfg.env.server_args, log_file=run_dir / "env_server.log"))]
-        pool = await stack.enter_async_context(EnvPool(targets, PoolConfig(
-            transport=cfg.env.transport, allow_mixed_versions=cfg.env.allow_mixed_versions)))
+    pool_config = PoolConfig(transport=cfg.env.transport, allow_mixed_versions=cfg.env.allow_mixed_versions)
+    async with open_env_pool(cfg.env.servers, [cfg.env.name], cfg.env.server_args, pool_config,
+                             log_file=run_dir / "env_server.log") as pool:
         sampler = TaskSampler(await pool.list_tasks(cfg.env.name, cfg.env.train_split), cfg.seed,
                               state["sampler_position"] if state else 0)
-        eval_tasks: dict[str, list[str]] = {}   # split -> its tasks; the first is env.eval_split
-        for split in ((cfg.env.eval_split, *cfg.env.report_splits) if cfg.env.eval_split and cfg.eval_every else ()):
-            tasks = sorted(await pool.list_tasks(cfg.env.name, split))
-            eval_tasks[split] = tasks[:cfg.eval_episodes] if cfg.eval_episodes else tasks
-
+        eval_tasks = await eval_task_lists(pool, cfg)
         progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=console)
         with progress:
@@ -416,16 +247,9 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
                     distributed.copy_full_weights(policy, generator)
                     backend.update_weights(generator)
 
+                # 5. Held-out evaluation, the log line, a checkpoint.
                 if eval_tasks and context.is_main and (iteration + 1) % cfg.eval_every == 0:
-                    for position, (split, tasks) in enumerate(eval_tasks.items()):
-                        with timer("eval"):
-                            result = await evaluate(pool, backend, policy.tokenizer, cfg.env.name, split, tasks,
-                                                    dataclasses.replace(cfg.rollout, temperature=EVAL_TEMPERATURE),
-                                                    cfg.prompt, seed=cfg.seed)
-                        prefix = "eval" if position == 0 else f"eval/{split}"
-                        metrics[f"{prefix}/success"] = result.success
-                        metrics[f"{prefix}/score"] = result.score
-                        metrics |= {f"{prefix}/success/{k}": c.success for k, c in result.by_category.items()}
+                    metrics |= await evaluate_splits(pool, backend, policy.tokenizer, cfg, eval_tasks, timer)
                 metrics |= {f"time/{k}": v for k, v in timer.seconds.items()}
                 metrics["time/rollout"] = rollout_times.wall_s
                 metrics["time/iteration"] = timer.iteration_s
@@ -433,10 +257,7 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
                 log.write(iteration, metrics)
                 timings.append(metrics)
                 if cfg.save_every and ((iteration + 1) % cfg.save_every == 0 or iteration + 1 == cfg.iterations):
-                    if context.world_size == 1:
-                        save_checkpoint(run_dir, iteration, learner, sampler)
-                    elif context.is_main:   # optimizer states stay sharded: the weights only
-                        generator.save(run_dir / "checkpoints" / f"iter_{iteration:06d}" / "policy")
+                    save(run_dir, iteration, learner, generator, sampler, context)
                 if cfg.timing_every and len(timings) % cfg.timing_every == 0:
                     print_breakdown(progress.console, timings[-cfg.timing_every:],
                                     f"{cfg.algo}: runtime of iterations {iteration + 1 - cfg.timing_every}-{iteration}")
@@ -448,84 +269,12 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
     return run_dir
 
 
-def bootstrap_values(learner: Learner, episodes: list[EpisodeRecord], needs: EstimatorNeeds,
-                     micro_batch_tokens: int) -> torch.Tensor:
-    """[B] V of the state after the last turn for truncated episodes (0 for the others), read by the
-    model the estimator takes its values from: the policy's boundary readout or the separate critic."""
-    values = torch.zeros(len(episodes))
-    cut = [i for i, e in enumerate(episodes) if e.final_prompt_ids]
-    if cut:
-        eos = (learner.policy.tokenizer.eos_token_id,)  # V is read before the response: any one token will do
-        probes = [TurnSample(episodes[i].final_prompt_ids, eos) for i in cut]
-        if needs.values is ValueSource.BOUNDARY:
-            values[cut] = policy_readout(learner.policy, probes, micro_batch_tokens).values
-        else:
-            values[cut] = critic_readout(learner.critic, probes, learner.pad, micro_batch_tokens)[:, 0]
-    return values
-
-
-def update_targets(batch, advantages: Advantages, old, ref, needs) -> UpdateTargets:
-    """The estimator's [B, T, ...] outputs in the update's [N, ...] sample layout."""
-    mask, width = batch.mask, old.log_probs.shape[1]
-    boundary = needs.values is ValueSource.BOUNDARY
-    return UpdateTargets(
-        old_log_probs=old.log_probs,
-        response_mask=old.response_mask,
-        advantages=advantages.advantages[mask][:, :width],
-        ref_log_probs=ref.log_probs if ref is not None else None,
-        old_values=old.values if boundary else None,
-        old_q_values=old.q_values if boundary else None,
-        returns=advantages.returns[mask] if boundary else None,
-        q_returns=advantages.q_returns[mask] if boundary and advantages.q_returns is not None else None,
-    )
-
-
-def train_critic(learner: Learner, samples, batch, advantages: Advantages, critic_values, needs,
-                 cfg: TrainConfig) -> dict[str, float]:
-    token_level = needs.values is ValueSource.CRITIC_TOKEN
-    returns = advantages.returns[batch.mask]                       # [N, L] (token form) or [N] (turn form)
-    if token_level:
-        old, mask, select = critic_values, batch.token_mask[batch.mask], (lambda out: out)
-    else:
-        old, mask, select = critic_values[:, 0], torch.ones(len(samples), dtype=torch.bool), (lambda out: out[:, 0])
-    return critic_update(learner.critic, learner.critic_optimizer, samples, old, returns, mask, cfg.loss,
-                         epochs=cfg.optim.epochs, mini_batch_turns=cfg.optim.mini_batch_turns,
-                         micro_batch_tokens=cfg.optim.micro_batch_tokens, grad_clip=cfg.optim.grad_clip,
-                         pad_id=learner.pad, select=select)
-
-
-def sampler_drift(episodes: list[EpisodeRecord], old) -> dict[str, float]:
-    """Mean |log-prob the sampler drew each token with - the learner's old log-prob|: near 0 when generation
-    and learning see the same weights at temperature 1 (a stale or mismatched sampler shows up here)."""
-    sampled = torch.zeros_like(old.log_probs)
-    for row, turn in enumerate(t for e in episodes for t in e.turns):
-        sampled[row, :len(turn.sampled_log_probs)] = torch.tensor(turn.sampled_log_probs, dtype=sampled.dtype)
-    return {"policy/sampler_drift": float(masked_mean((old.log_probs - sampled).abs(), old.response_mask))}
-
-
-def value_metrics(batch, advantages: Advantages, needs) -> dict[str, float]:
-    """How well the values explain their targets (before this iteration's update), and the batch std the
-    advantages were divided by (before its floor)."""
-    out = {} if advantages.raw_std is None else {"advantage/raw_std": float(advantages.raw_std)}
-    if needs.values is ValueSource.NONE or advantages.returns is None:
-        return out
-    if needs.values is ValueSource.CRITIC_TOKEN:
-        values, mask = batch.token_values, batch.token_mask
-    else:
-        values, mask = batch.values, batch.mask
-    out |= {"values/explained_variance": float(explained_variance(values, advantages.returns, mask)),
-            "values/mean": float(values[mask].mean())}
-    if advantages.q_returns is not None:
-        out["values/q_explained_variance"] = float(explained_variance(batch.q_values, advantages.q_returns, batch.mask))
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = configuration.Parser(prog="limen-train", description="Train a policy with RL over limen env servers.")
-    configuration.add_config_arguments(parser, TrainConfig, dry_run=True)
+    parser = config.Parser(prog="limen-train", description="Train a policy with RL over limen env servers.")
+    config.add_config_arguments(parser, TrainConfig, dry_run=True)
     parser.add_argument("--resume", action="store_true", help="continue from the run dir's latest checkpoint")
     args = parser.parse_intermixed_args(argv)
-    cfg = configuration.config_from_args(TrainConfig, parser, args)
+    cfg = config.config_from_args(TrainConfig, parser, args)
     if cli.check_train(cfg).settle(parser.prog, cfg, args.dry_run):
         return 0
     # A tiny-model:SIZE spec becomes the checkpoint it names (built once, cached) before the run loads it.

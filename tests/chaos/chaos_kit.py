@@ -24,7 +24,7 @@ from limen.env.v1 import env_pb2, env_pb2_grpc
 from trainer_client.local_server import free_port, wait_until_serving
 from trainer_client.policy.generation import Completion, GenerationBackend, SamplingConfig
 from trainer_client.prompts import PromptConfig, expert_reply
-from trainer_client.sft import ExpertEpisode, ExpertTurn, expert_texts
+from trainer_client.experts import ExpertEpisode, ExpertTurn, expert_texts
 
 START_TIMEOUT_S = 60.0
 _ADMISSIBLE_RE = re.compile(r"Admissible actions: \[(.*)\]")

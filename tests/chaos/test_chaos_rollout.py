@@ -16,11 +16,12 @@ from transformers import AutoTokenizer
 
 from chaos_kit import Killer, ScriptedBackend, until
 from env_server.envs.toy import ToyEnv
-from trainer_client import configuration
+from trainer_client import config
 from trainer_client.env_pool import EnvPool
 from trainer_client.prompts import PromptConfig
 from trainer_client.rollout import EpisodeRecord, RolloutConfig, TaskRef, collect
-from trainer_client.train import TrainConfig, train
+from trainer_client.train import train
+from trainer_client.train_config import TrainConfig
 
 pytestmark = pytest.mark.slow
 
@@ -80,7 +81,7 @@ async def test_a_rollout_of_32_episodes_survives_the_killer(cluster, toy_checkpo
 
 
 async def test_a_training_iteration_of_32_episodes_survives_the_killer(cluster, toy_checkpoint, tmp_path):
-    base = configuration.load(TrainConfig, None, [
+    base = config.load(TrainConfig, None, [
         f"model.path={toy_checkpoint}", "env.name=toy", f"env.servers=[{','.join(s.address for s in cluster)}]",
         "iterations=1", f"episodes_per_iteration={EPISODES}", "save_every=0", "loss.kl_coef=0",
         "rollout.max_new_tokens=24", "rollout.batch_wait_s=0", "prompt.history_turns=1"])

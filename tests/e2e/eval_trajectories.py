@@ -14,17 +14,18 @@ import sys
 from collections.abc import Sequence
 
 from trainer_client.env_pool import EnvPool
-from trainer_client.evaluate import EVAL_TEMPERATURE, evaluate
+from trainer_client.evaluate import evaluate
 from trainer_client.policy import Policy, TransformersBackend
 from trainer_client.prompts import PromptConfig
 from trainer_client.rollout import RolloutConfig
+from trainer_client.train_config import TrainConfig
 
 
 async def trajectories(checkpoint: str, server: str, env: str, split: str, *, seed: int = 0, n_tasks: int = 0,
                        concurrency: int = 64, max_batch: int = 256, batch_wait_s: float = 0.0, max_turns: int = 3,
                        max_new_tokens: int = 8) -> dict[str, dict]:
     policy = Policy.load(checkpoint)
-    rollout = RolloutConfig(temperature=EVAL_TEMPERATURE, max_new_tokens=max_new_tokens, max_turns=max_turns,
+    rollout = RolloutConfig(temperature=TrainConfig.eval_temperature, max_new_tokens=max_new_tokens, max_turns=max_turns,
                             max_concurrent_episodes=concurrency, max_batch=max_batch, batch_wait_s=batch_wait_s)
     async with EnvPool([server]) as pool:
         task_ids = sorted(await pool.list_tasks(env, split))

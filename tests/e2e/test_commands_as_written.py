@@ -497,7 +497,7 @@ def test_a_bad_key_value_or_file_exits_2_with_one_line(argv, message, in_checkou
 
 def test_aliases_mean_the_same_key_in_every_command(in_checkout):
     """`--env-servers a,b` is env.servers=[a,b] in limen-train, limen-eval and the SFT command alike."""
-    from trainer_client import configuration, evaluate, sft, train
+    from trainer_client import config, evaluate, sft, train, train_config
 
     checkpoint = in_checkout / "runs" / "alias" / "policy"
     make_named_checkpoints(Command("alias", ("--checkpoint", "runs/alias/policy")), in_checkout)
@@ -509,8 +509,8 @@ def test_aliases_mean_the_same_key_in_every_command(in_checkout):
         assert code == 0, exit_code.last_output
         printed = yaml.safe_load("\n".join(l for l in exit_code.last_output.splitlines() if not l.startswith("#")))
         assert printed["env"]["servers"] == servers
-    assert {a.flag for a in configuration.aliases_of(train.TrainConfig)} >= {"--env-servers", "--env", "--server-args"}
-    assert all(a.flag for a in configuration.ALIASES)
+    assert {a.flag for a in config.aliases_of(train_config.TrainConfig)} >= {"--env-servers", "--env", "--server-args"}
+    assert all(a.flag for a in config.ALIASES)
 
 
 def test_dry_run_of_the_cpu_preset_names_what_it_will_build(in_checkout):

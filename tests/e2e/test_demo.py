@@ -11,7 +11,7 @@ from pathlib import Path
 
 from training_fixtures import load_benchmark
 
-from trainer_client import configuration
+from trainer_client import config
 from trainer_client.demo import DemoConfig, main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,7 +19,7 @@ LAST_LINE = re.compile(r"^held-out success: sft=(\d\.\d{3}) rl=(\d\.\d{3}) games
 
 
 def test_the_demo_config_loads():
-    cfg = configuration.load(DemoConfig, str(ROOT / "configs" / "demo.yaml"), [])
+    cfg = config.load(DemoConfig, str(ROOT / "configs" / "demo.yaml"), [])
     assert cfg.env == "alfworld" and cfg.rl.algo == "boundary"
 
 

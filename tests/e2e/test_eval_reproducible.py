@@ -18,9 +18,10 @@ from training_fixtures import bench, toy_model, toy_server  # noqa: F401  (pytes
 
 from rich.console import Console
 
-from trainer_client import configuration
+from trainer_client import config
 from trainer_client.local_server import local_env_server
-from trainer_client.train import TrainConfig, train
+from trainer_client.train import train
+from trainer_client.train_config import TrainConfig
 
 SCRIPT = Path(__file__).with_name("eval_trajectories.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +65,7 @@ async def test_generated_alfworld_eval_is_the_same_across_batching_and_processes
     from trainer_client.policy import build_tiny_checkpoint
     from trainer_client.env_pool import EnvPool
     from trainer_client.prompts import PromptConfig
-    from trainer_client.sft import expert_episodes, expert_texts
+    from trainer_client.experts import expert_episodes, expert_texts
 
     options = ["--env-option", "alfworld.data_dir=", "--env-option", "alfworld.generated=true",
                "--env-option", "alfworld.gen_train_games=12", "--env-option", "alfworld.gen_test_games=12",
@@ -88,7 +89,7 @@ def test_training_does_not_depend_on_the_batch_wait(toy_model, toy_server, tmp_p
     """Two iterations of boundary RL, lock-step against small batches with a wait: the second iteration's
     rollouts come from weights learned on the first's, so equal metrics mean equal rollouts throughout."""
     def run(name: str, *rollout: str) -> list[dict]:
-        cfg = configuration.load(TrainConfig, None, [
+        cfg = config.load(TrainConfig, None, [
             "algo=boundary", f"model.path={toy_model}", f"run_dir={tmp_path / name}", "env.name=toy",
             f"env.servers=[{toy_server}]", "iterations=2", "episodes_per_iteration=8", "save_every=2",
             "timing_every=0", "rollout.max_new_tokens=8", "rollout.max_turns=3", "optim.lr=1e-3",

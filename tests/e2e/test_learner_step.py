@@ -1,4 +1,4 @@
-"""The loop's learner step (`train.learn`) for every algorithm on synthetic episodes with a real micro model,
+"""The loop's learner step (`learner.learn`) for every algorithm on synthetic episodes with a real micro model,
 and the iteration-cost benchmark built on it."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ import pytest
 import torch
 from training_fixtures import bench, toy_model  # noqa: F401  (pytest fixtures)
 
-from trainer_client import configuration
 from trainer_client.algorithms import get_estimator
+from trainer_client.config import load
 from trainer_client.experience import critic_readout, policy_readout
+from trainer_client.learner import bootstrap_values, learn, load_learner
 from trainer_client.policy import TurnSample
 from trainer_client.timing import ITERATION_STAGES, Timer
-from trainer_client.train import TrainConfig, bootstrap_values, group_size_of, learn, load_learner
+from trainer_client.train_config import TrainConfig, group_size_of
 
 SETTINGS = {
     "boundary": ["algo=boundary"],
@@ -30,7 +31,7 @@ SETTINGS = {
 
 
 def config(model, overrides: list[str]) -> TrainConfig:
-    return configuration.load(TrainConfig, None, [f"model.path={model}", "episodes_per_iteration=8",
+    return load(TrainConfig, None, [f"model.path={model}", "episodes_per_iteration=8",
                                                   "optim.mini_batch_turns=8", "optim.lr=1e-3", *overrides])
 
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from training_fixtures import load_benchmark
 
-from trainer_client import configuration
+from trainer_client import config
 from trainer_client.demo import DemoConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -306,13 +306,13 @@ def test_unequal_episodes_are_refused_before_any_work(study):
 def test_the_study_mirrors_the_demo(study):
     """configs/study.yaml copies the demo's games, model, SFT and RL settings; only what the study must set
     differently may differ (a changed demo setting fails here until the study's YAML copies it)."""
-    demo = configuration.load(DemoConfig, ROOT / "configs" / "demo.yaml")
-    study_cfg = configuration.load(study.StudyConfig, ROOT / "configs" / "study.yaml")
+    demo = config.load(DemoConfig, ROOT / "configs" / "demo.yaml")
+    study_cfg = config.load(study.StudyConfig, ROOT / "configs" / "study.yaml")
     for key in ("env", "train_split", "server_args", "model_size", "sft_episodes", "sft_epochs", "sft_lr",
                 "sft_batch_turns", "sft_lr_decay", "sft_prompt_loss_weight"):
         assert getattr(study_cfg, key) == getattr(demo, key), key
     assert study_cfg.eval_splits[0] == demo.eval_split and study_cfg.eval_episodes[demo.eval_split] >= 300
-    differ = study.changed_settings(configuration.to_dict(demo.rl), configuration.to_dict(study_cfg.rl))
+    differ = study.changed_settings(config.to_dict(demo.rl), config.to_dict(study_cfg.rl))
     assert set(differ) <= {"algo", "iterations", "save_every", "optim.critic_lr"}, differ
     assert study_cfg.rl.iterations >= 48 and len(study_cfg.seeds) >= 3 and len(study_cfg.eval_seeds) >= 2
     assert yaml.safe_load((ROOT / "configs" / "study.yaml").read_text())["rl"].get("algo") is None

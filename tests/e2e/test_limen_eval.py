@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from training_fixtures import bench, toy_model, toy_server  # noqa: F401  (pytest fixtures)
 
-from trainer_client.evaluate import ALFWORLD_CATEGORIES, EVAL_TEMPERATURE, main
+from trainer_client.evaluate import ALFWORLD_CATEGORIES, main
+from trainer_client.train_config import TrainConfig
 
 
 def limen_eval(checkpoint: Path, out: Path, *flags: str) -> dict:
@@ -33,7 +34,7 @@ def test_every_task_of_the_split_is_counted_once_per_seed(toy_model, toy_server,
     assert [run["seed"] for run in results["runs"]] == [0, 1]
     assert_counts_add_up(results, 40)
     assert set(results["runs"][0]["by_category"]) == {"goto", "fetch", "switch"}
-    assert results["temperature"] == EVAL_TEMPERATURE and results["label"] == toy_model.name
+    assert results["temperature"] == TrainConfig.eval_temperature and results["label"] == toy_model.name
 
 
 def test_prompting_baseline_and_combine(toy_model, toy_server, tmp_path):

@@ -29,14 +29,16 @@ import pytest
 import torch
 from rich.console import Console
 
-from trainer_client import configuration
+from trainer_client import config
 from trainer_client.env_pool import EnvPool
-from trainer_client.evaluate import EVAL_TEMPERATURE, evaluate
+from trainer_client.evaluate import evaluate
 from trainer_client.local_server import local_env_server
 from trainer_client.policy import Policy, TransformersBackend, build_tiny_checkpoint
 from trainer_client.prompts import PromptConfig
-from trainer_client.sft import expert_episodes, expert_samples, expert_texts, sft
-from trainer_client.train import TrainConfig, train
+from trainer_client.experts import expert_episodes, expert_samples, expert_texts
+from trainer_client.sft import sft
+from trainer_client.train import train
+from trainer_client.train_config import TrainConfig
 
 MIN_GAIN = 0.15
 
@@ -79,7 +81,7 @@ class LearningResult:
 
 
 def rl_config(setting: ToyLearning, model: Path, run_dir: Path, server: str, seed: int) -> TrainConfig:
-    return configuration.load(TrainConfig, None, [
+    return config.load(TrainConfig, None, [
         "algo=boundary", f"seed={seed}", f"model.path={model}", f"run_dir={run_dir}", "env.name=toy",
         f"env.servers=[{server}]", f"iterations={setting.iterations}",
         f"episodes_per_iteration={setting.episodes_per_iteration}", f"save_every={setting.iterations}",
@@ -97,7 +99,7 @@ async def held_out_success(pool: EnvPool, checkpoint: Path, cfg: TrainConfig, se
     policy = Policy.load(checkpoint)
     backend = TransformersBackend.from_policy(policy)
     task_ids = sorted(await pool.list_tasks("toy", "test"))
-    rollout = dataclasses.replace(cfg.rollout, temperature=EVAL_TEMPERATURE)
+    rollout = dataclasses.replace(cfg.rollout, temperature=TrainConfig.eval_temperature)
     results = []
     for seed in setting.eval_seeds:
         torch.manual_seed(seed)

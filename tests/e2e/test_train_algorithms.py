@@ -14,9 +14,10 @@ from rich.console import Console
 from safetensors.torch import load_file
 from training_fixtures import bench, toy_model, toy_server  # noqa: F401  (pytest fixtures)
 
-from trainer_client import configuration
+from trainer_client import config
 from trainer_client.timing import ITERATION_STAGES
-from trainer_client.train import TrainConfig, train
+from trainer_client.train import train
+from trainer_client.train_config import TrainConfig
 
 ALGORITHMS = {
     "boundary": ["algo=boundary"],
@@ -37,7 +38,7 @@ MAY_BE_NAN = {"values/explained_variance", "values/q_explained_variance"}
 def run_training(model: Path, server: str, run_dir: Path, overrides: list[str], iterations: int,
                  episodes: int) -> tuple[list[dict], str]:
     """(metrics.jsonl rows, what the loop printed)."""
-    cfg = configuration.load(TrainConfig, None, [
+    cfg = config.load(TrainConfig, None, [
         *overrides, f"model.path={model}", f"run_dir={run_dir}", "env.name=toy", f"env.servers=[{server}]",
         f"iterations={iterations}", f"episodes_per_iteration={episodes}", f"save_every={iterations}",
         "rollout.max_new_tokens=8", "rollout.max_turns=3", "optim.lr=1e-3", "optim.mini_batch_turns=8",

@@ -9,7 +9,7 @@ import torch
 from policy_fixtures import micro_checkpoint  # noqa: F401  (fixture)
 
 from trainer_client.policy import Policy, TransformersBackend
-from trainer_client.policy.backends import GenerationConfig, build_backend
+from trainer_client.policy.generation import GenerationConfig, build_backend
 
 
 @pytest.fixture

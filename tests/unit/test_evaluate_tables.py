@@ -8,13 +8,15 @@ import math
 import pytest
 import yaml
 
+from trainer_client.checkpoints import find_run_config
 from trainer_client.cli import EnvTarget
 from trainer_client.evaluate import (
-    ALFWORLD_CATEGORIES, EVAL_TEMPERATURE, EvalJob, find_run_config, job_settings, mean_curve, mean_std,
-    plot_curves, results_table, subset, summarize_results,
+    ALFWORLD_CATEGORIES, EvalJob, job_settings, mean_curve, mean_std, plot_curves, results_table, subset,
+    summarize_results,
 )
 from trainer_client.prompting import PROMPTING_STYLES, prompt_config, worked_example
 from trainer_client.prompts import PromptConfig, build_prompt, parse_action
+from trainer_client.train_config import TrainConfig
 
 
 def result(won: dict[str, tuple[int, int]], score: float | None = None) -> dict:
@@ -27,7 +29,7 @@ def result(won: dict[str, tuple[int, int]], score: float | None = None) -> dict:
 
 def results_file(label: str, env: str, runs: list[dict], split: str = "valid_seen") -> dict:
     return {"label": label, "env": env, "split": split, "split_tasks": 140, "tasks_played": 140,
-            "temperature": EVAL_TEMPERATURE, "runs": runs}
+            "temperature": TrainConfig.eval_temperature, "runs": runs}
 
 
 def test_mean_std_is_the_sample_std():
@@ -102,7 +104,7 @@ def test_job_settings_take_the_runs_prompt_and_the_eval_temperature(tmp_path):
     assert find_run_config(checkpoint) == tmp_path / "run" / "config.yaml"
     label, prompts, rollout = job_settings(EvalJob(checkpoint=str(checkpoint), env=EnvTarget("toy")))
     assert label == "gigpo" and prompts.history_obs_max_words == 12 and prompts.example == ""
-    assert rollout.temperature == EVAL_TEMPERATURE and rollout.max_new_tokens == 48
+    assert rollout.temperature == TrainConfig.eval_temperature and rollout.max_new_tokens == 48
     assert rollout.max_turns == 0  # the env's own limit, as the anchor evaluates, unless asked
     label, prompts, rollout = job_settings(EvalJob(checkpoint=str(checkpoint), env=EnvTarget("toy"), prompting="react",
                                                    max_turns=3))

@@ -9,7 +9,7 @@ import torch
 from policy_fixtures import micro_checkpoint, policy, train_value_rows, turn_samples  # noqa: F401  (fixtures)
 
 from trainer_client.policy import Policy, SamplingConfig, TokenBatch, TransformersBackend, TurnSample
-from trainer_client.policy.generation import completions_from_steps, sample_next
+from trainer_client.policy.generation.transformers_backend import completions_from_steps, sample_next
 from trainer_client.policy.logits import top_p_filter
 
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
-from trainer_client import configuration
-from trainer_client.memory import DecoderShape, RunShape, check_fits, estimate, estimate_run, shape_of
+from trainer_client import config
+from trainer_client.gpu_memory import DecoderShape, RunShape, check_fits, estimate, estimate_run, shape_of
 from trainer_client.policy.qwen import QWEN25_HUB_NAMES, qwen25_config
-from trainer_client.train import TrainConfig
+from trainer_client.train_config import TrainConfig
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*_qwen2.5-*.yaml"))
 
@@ -24,7 +24,7 @@ def test_there_are_four_presets():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_a_preset_is_the_anchor_protocol(path):
-    cfg = configuration.load(TrainConfig, path)
+    cfg = config.load(TrainConfig, path)
     alfworld = cfg.env.name == "alfworld"
     assert (cfg.iterations, cfg.episodes_per_iteration, cfg.algo) == (150, 128, "boundary")
     assert cfg.optim.lr == 1e-6 and cfg.optim.epochs == 1 and cfg.optim.grad_clip == 1.0
@@ -41,14 +41,14 @@ def test_a_preset_is_the_anchor_protocol(path):
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_a_preset_fits_the_gpus_it_states(path):
-    cfg = configuration.load(TrainConfig, path)
+    cfg = config.load(TrainConfig, path)
     needed = check_fits(cfg)
     print(f"{path.stem}: {needed.describe(cfg.hardware.gpu_memory_gib)}")
     assert needed.needed_gib(80) <= 80
 
 
 def test_the_check_refuses_7b_on_half_the_gpus():
-    cfg = configuration.load(TrainConfig, CONFIGS[1], ["hardware.gpus=4"])
+    cfg = config.load(TrainConfig, CONFIGS[1], ["hardware.gpus=4"])
     with pytest.raises(ValueError, match="needs about"):
         check_fits(cfg)
     with pytest.raises(ValueError, match="states no hardware"):

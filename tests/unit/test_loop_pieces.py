@@ -16,7 +16,8 @@ from trainer_client.algorithms import (
 from trainer_client.experience import Readout, turn_batch
 from trainer_client.rollout import EpisodeRecord, TaskRef, Turn
 from trainer_client.timing import ITERATION_STAGES, Timer, breakdown_table, mean_stage_seconds
-from trainer_client.train import EnvConfig, TaskSampler, TrainConfig, group_size_of, kept_episodes, plan_episodes
+from trainer_client.train import TaskSampler, kept_episodes, plan_episodes
+from trainer_client.train_config import EnvConfig, TrainConfig, group_size_of
 
 
 def test_timer_starts_every_stage_at_zero_and_accumulates():

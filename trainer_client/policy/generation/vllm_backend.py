@@ -18,16 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainer_client.policy.chat import stop_token_ids
-from trainer_client.policy.engine import EngineBackend, WeightSyncConfig
-from trainer_client.policy.generation import Completion, SamplingConfig
+from trainer_client.policy.dtypes import EngineDtype
+from trainer_client.policy.generation.base import Completion, SamplingConfig
+from trainer_client.policy.generation.weight_sync import EngineBackend, WeightSyncConfig
 from trainer_client.policy.model import Policy
 
-BAN_RESERVED_IDS = "trainer_client.policy.vllm_logits:BanReservedIds"   # loaded by name inside the engine
+BAN_RESERVED_IDS = "trainer_client.policy.generation.vllm_logits:BanReservedIds"   # loaded by name inside the engine
 
 
 @dataclass(frozen=True)
 class VllmConfig:
-    dtype: str = "bfloat16"
+    dtype: EngineDtype = "bfloat16"
     gpu_memory_utilization: float = 0.35
     """Share of the GPU the engine takes (weights + KV cache); the trainer shares the rest."""
     tensor_parallel_size: int = 1

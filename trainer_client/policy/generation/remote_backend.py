@@ -3,7 +3,7 @@
 The server (vLLM 0.32) is started in dev mode so that it exposes the weight routes:
 
     VLLM_SERVER_DEV_MODE=1 vllm serve CHECKPOINT --dtype bfloat16 --logprobs-mode processed_logprobs \
-        --logits-processors trainer_client.policy.vllm_logits:BanReservedIds
+        --logits-processors trainer_client.policy.generation.vllm_logits:BanReservedIds
 
 (limen installed beside vLLM on the server). The logits processor bans every id >= len(tokenizer) for
 every request, with nothing sent per request; the client still refuses any reserved id that comes back.
@@ -25,8 +25,9 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from trainer_client.policy.chat import stop_token_ids
-from trainer_client.policy.engine import EngineBackend, WeightSyncConfig
-from trainer_client.policy.generation import Completion, SamplingConfig, row_seeds
+from trainer_client.policy.dtypes import EngineDtype
+from trainer_client.policy.generation.base import Completion, SamplingConfig, row_seeds
+from trainer_client.policy.generation.weight_sync import EngineBackend, WeightSyncConfig
 from trainer_client.policy.model import Policy
 
 
@@ -39,7 +40,7 @@ class RemoteConfig:
     base_url: str = "http://127.0.0.1:8000"
     model: str = ""
     """The served model name; "" asks the server (GET /v1/models)."""
-    dtype: str = "bfloat16"
+    dtype: EngineDtype = "bfloat16"
     """The server's dtype (sets the weight-check tolerance)."""
     server_weights_dir: str = ""
     """The sync's weights_dir as the server sees it (a shared volume); "" when the path is the same."""

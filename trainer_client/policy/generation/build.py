@@ -8,19 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-import torch
-
-from trainer_client.policy.engine import WeightSyncConfig
-from trainer_client.policy.generation import GenerationBackend, TransformersBackend
+from trainer_client.policy.dtypes import ModelDtype, torch_dtype
+from trainer_client.policy.generation.base import GenerationBackend
+from trainer_client.policy.generation.remote_backend import RemoteBackend, RemoteConfig
+from trainer_client.policy.generation.transformers_backend import TransformersBackend
+from trainer_client.policy.generation.vllm_backend import VllmBackend, VllmConfig
+from trainer_client.policy.generation.weight_sync import WeightSyncConfig
 from trainer_client.policy.model import Policy
-from trainer_client.policy.remote_backend import RemoteBackend, RemoteConfig
-from trainer_client.policy.vllm_backend import VllmBackend, VllmConfig
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
     backend: Literal["transformers", "vllm", "remote"] = "transformers"
-    dtype: str = ""
+    dtype: ModelDtype | Literal[""] = ""
     """transformers: sample with a copy of the policy in this dtype (e.g. bfloat16); "" shares the policy."""
     vllm: VllmConfig = field(default_factory=VllmConfig)
     remote: RemoteConfig = field(default_factory=RemoteConfig)
@@ -30,7 +30,7 @@ class GenerationConfig:
 
 def build_backend(config: GenerationConfig, policy: Policy) -> GenerationBackend:
     if config.backend == "transformers":
-        return TransformersBackend.from_policy(policy, dtype=getattr(torch, config.dtype) if config.dtype else None)
+        return TransformersBackend.from_policy(policy, dtype=torch_dtype(config.dtype) if config.dtype else None)
     if config.backend == "vllm":
         return VllmBackend(policy, config.vllm, config.sync)
     if config.backend == "remote":

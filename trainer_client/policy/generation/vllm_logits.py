@@ -1,7 +1,7 @@
 """A vLLM (v1) logits processor that bans every output row no token of the served tokenizer uses.
 
 Loaded by vLLM itself, in the engine's processes, by name: `LLM(logits_processors=[...])` (VllmBackend
-does this) or `vllm serve ... --logits-processors trainer_client.policy.vllm_logits:BanReservedIds`. It sets ids
+does this) or `vllm serve ... --logits-processors trainer_client.policy.generation.vllm_logits:BanReservedIds`. It sets ids
 >= len(tokenizer) to -inf for every request, before sampling and before "processed" log-probs are taken,
 so the engine samples from (and reports) the trainer's masked distribution. Unlike `allowed_token_ids`,
 nothing travels with each request (that list is 151,665 ids for Qwen2.5), and unlike `logit_bias`

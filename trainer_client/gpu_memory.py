@@ -163,13 +163,6 @@ def shape_of(model_path: str) -> DecoderShape:
     return DecoderShape(vocab_size=QWEN25_VOCAB_ROWS, **asdict(shape))
 
 
-@dataclass(frozen=True)
-class HardwareConfig:
-    gpus: int = 0
-    """GPUs the run is sized for (torchrun --nproc-per-node); 0: not sized, nothing is checked."""
-    gpu_memory_gib: float = 80.0
-
-
 def estimate_run(cfg) -> MemoryEstimate:
     """The estimate for a TrainConfig on its `hardware`: its model, algorithm, batch and generation settings."""
     from trainer_client.algorithms import ValueSource, get_estimator
@@ -207,14 +200,14 @@ def check_fits(cfg) -> MemoryEstimate:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m trainer_client.memory --config configs/X.yaml [key=value ...]`: print the per-GPU estimate."""
-    from trainer_client import configuration
-    from trainer_client.train import TrainConfig
+    """`python -m trainer_client.gpu_memory --config configs/X.yaml [key=value ...]`: print the per-GPU estimate."""
+    from trainer_client import config
+    from trainer_client.train_config import TrainConfig
 
-    parser = configuration.Parser(prog="python -m trainer_client.memory", description=main.__doc__)
-    configuration.add_config_arguments(parser, TrainConfig)
+    parser = config.Parser(prog="python -m trainer_client.gpu_memory", description=main.__doc__)
+    config.add_config_arguments(parser, TrainConfig)
     args = parser.parse_intermixed_args(argv)
-    cfg = configuration.config_from_args(TrainConfig, parser, args)
+    cfg = config.config_from_args(TrainConfig, parser, args)
     print(estimate_run(cfg).describe(cfg.hardware.gpu_memory_gib))
     return 0
 
