@@ -13,17 +13,19 @@ import functools
 import math
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainer_client.cli import EnvTarget, check_sft, resolve_tiny_model
 from trainer_client.experience import pad_id
 from trainer_client.experts import ExpertEpisode, expert_episodes, expert_samples, read_jsonl
-from trainer_client.policy import Policy, TokenBatch, TurnSample, micro_batches
+from trainer_client.optimizer_steps import optimizer_steps
+from trainer_client.policy import Policy, TokenBatch, TurnSample
 from trainer_client.prompts import PromptConfig
 
 
@@ -43,23 +45,20 @@ def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: flo
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
         warmup_then_constant_or_linear, warmup=warmup, steps=steps, decay=lr_decay))
-    pad, losses, order = pad_id(policy.tokenizer), [], torch.empty(0, dtype=torch.long)
+    pad, losses = pad_id(policy.tokenizer), []
     policy.train()
     progress = Progress(TextColumn("[bold]SFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("loss {task.fields[loss]:.3f}"), console=console or Console(stderr=True))
     with progress:
         bar = progress.add_task("sft", total=steps, loss=float("nan"))
-        for _ in range(steps):
-            if len(order) < batch_turns:
-                order = torch.cat([order, torch.randperm(len(samples), generator=generator)])
-            batch, order = order[:batch_turns], order[batch_turns:]
+        for batch, micro in optimizer_steps(optimizer, samples, sft_batches(len(samples), batch_turns, steps, generator),
+                                            micro_batch_tokens, after_step=schedule.step):
             batch_samples = [samples[i] for i in batch.tolist()]
             reply_tokens = sum(len(s.response_ids) for s in batch_samples)
             prompt_tokens = sum(len(s.prompt_ids) - 1 for s in batch_samples)
-            optimizer.zero_grad(set_to_none=True)
             total = 0.0
-            for group in micro_batches([len(s) for s in batch_samples], micro_batch_tokens):
-                chosen = [batch_samples[i] for i in group]
+            for indices, _ in micro:
+                chosen = [samples[i] for i in indices.tolist()]
                 if prompt_loss_weight > 0:
                     # The whole sequence as the "response" of its first token; the mask tells the parts apart.
                     out = policy(TokenBatch.from_samples([whole_sequence(s) for s in chosen], pad))
@@ -73,11 +72,20 @@ def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: flo
                 loss.backward()
                 total += loss.item()
             torch.nn.utils.clip_grad_norm_(policy.model.parameters(), grad_clip)
-            optimizer.step()
-            schedule.step()
             losses.append(total)
             progress.update(bar, advance=1, loss=total)
     return losses
+
+
+def sft_batches(n: int, size: int, steps: int, generator: torch.Generator) -> Iterator[Tensor]:
+    """`steps` batches of `size` sample indices drawn from back-to-back seeded permutations of the n samples
+    (a fractional epoch ends mid-permutation)."""
+    order = torch.empty(0, dtype=torch.long)
+    for _ in range(steps):
+        if len(order) < size:
+            order = torch.cat([order, torch.randperm(n, generator=generator)])
+        batch, order = order[:size], order[size:]
+        yield batch
 
 
 def warmup_then_constant_or_linear(step: int, *, warmup: int, steps: int, decay: bool) -> float:

@@ -1,8 +1,8 @@
-"""PPO epochs over turn samples: mini-batches for optimizer steps, micro-batches (by token budget) for memory.
+"""PPO epochs over turn samples, for the actor (with the boundary readout's V and Q) and a separate critic, on
+the learner's loop (trainer_client/optimizer_steps.py: mini-batches for optimizer steps, micro-batches for memory).
 
 A mini-batch's loss is the same whatever its micro-batching: each micro-batch's token-mean (or
 sequence-mean) is weighted by its share of the mini-batch's tokens (or sequences) before backward.
-Under torchrun each rank takes its share of the micro-batches (trainer_client/distributed.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import torch
 from torch import Tensor
 
 from trainer_client.algorithms import LossConfig, policy_objective, value_loss
-from trainer_client.distributed import mean_metrics, rank_share
-from trainer_client.policy import TokenBatch, TurnSample, micro_batches
+from trainer_client.distributed import mean_metrics
+from trainer_client.optimizer_steps import epoch_batches, optimizer_steps
+from trainer_client.policy import TokenBatch, TurnSample
 
 
 @dataclass(frozen=True)
@@ -31,12 +32,6 @@ class UpdateTargets:
     old_q_values: Tensor | None      # [N] boundary Q
     returns: Tensor | None           # [N] target of V
     q_returns: Tensor | None         # [N] target of Q, when the advantage reads Q (else Q is not trained)
-
-
-def mini_batches(n: int, size: int, generator: torch.Generator | None = None) -> list[Tensor]:
-    """A shuffled partition of range(n) into chunks of `size` (the last may be smaller)."""
-    order = torch.randperm(n, generator=generator)
-    return list(order.split(max(1, size)))
 
 
 def _weight(indices: Tensor, mask: Tensor, whole: Tensor, loss_cfg: LossConfig) -> float:
@@ -90,55 +85,51 @@ def ppo_policy_update(policy, optimizer: torch.optim.Optimizer, samples: Sequenc
     measure = measure_gradient_sources   # on the first micro-batch this rank really computes, then off
     metrics: dict[str, list[float]] = defaultdict(list)
     policy.train()
-    for _ in range(epochs):
-        for mini in mini_batches(len(samples), mini_batch_turns):
-            optimizer.zero_grad(set_to_none=True)
-            lengths = [len(samples[i]) for i in mini.tolist()]
-            total = 0.0
-            for group, share in rank_share(micro_batches(lengths, micro_batch_tokens)):
-                idx = mini[group]
-                out = policy(TokenBatch.from_samples([samples[i] for i in idx.tolist()], pad_id), temperature,
-                             detach_readout=not loss_cfg.value_backbone_grad)
-                width = out.log_probs.shape[1]
-                mask = targets.response_mask[idx, :width].to(out.log_probs.device)
-                take = lambda x: None if x is None else x[idx, :width].to(out.log_probs.device)  # noqa: E731
-                actor = policy_objective(loss_cfg, out.log_probs, take(targets.old_log_probs),
-                                         take(targets.advantages), mask, take(targets.ref_log_probs), out.entropy)
-                loss = actor.loss * _weight(idx, targets.response_mask, mini, loss_cfg)
-                if learn_values:
-                    turns = torch.ones(len(idx), dtype=torch.bool)
-                    v_loss = value_loss(out.values.cpu(), targets.old_values[idx], targets.returns[idx], turns,
-                                        loss_cfg.value_clip)
-                    values_loss = v_loss
-                    if learn_q:
-                        q_loss = value_loss(out.q_values.cpu(), targets.old_q_values[idx], targets.q_returns[idx],
-                                            turns, loss_cfg.value_clip)
-                        values_loss = values_loss + q_loss
-                    values_part = loss_cfg.value_coef * values_loss * (len(idx) / len(mini))
-                    if measure and share:
-                        measure = False
-                        for name, norm in gradient_sources({"policy_loss": loss, "value_loss": values_part},
-                                                           backbone).items():
-                            _accumulate(metrics, f"grad/backbone_from_{name}", norm)
-                    loss = loss + values_part
-                (loss * share).backward()
-                if share == 0:  # a padding pass: keeps the ranks' FSDP collectives in step, counts for nothing
-                    continue
-                total += float(loss.detach()) * share
-                if learn_values:
-                    _accumulate(metrics, "loss/value", v_loss.detach())
+    for mini, micro in optimizer_steps(optimizer, samples, epoch_batches(len(samples), mini_batch_turns, epochs),
+                                       micro_batch_tokens):
+        total = 0.0
+        for idx, share in micro:
+            out = policy(TokenBatch.from_samples([samples[i] for i in idx.tolist()], pad_id), temperature,
+                         detach_readout=not loss_cfg.value_backbone_grad)
+            width = out.log_probs.shape[1]
+            mask = targets.response_mask[idx, :width].to(out.log_probs.device)
+            take = lambda x: None if x is None else x[idx, :width].to(out.log_probs.device)  # noqa: E731
+            actor = policy_objective(loss_cfg, out.log_probs, take(targets.old_log_probs),
+                                     take(targets.advantages), mask, take(targets.ref_log_probs), out.entropy)
+            loss = actor.loss * _weight(idx, targets.response_mask, mini, loss_cfg)
+            if learn_values:
+                turns = torch.ones(len(idx), dtype=torch.bool)
+                v_loss = value_loss(out.values.cpu(), targets.old_values[idx], targets.returns[idx], turns,
+                                    loss_cfg.value_clip)
+                values_loss = v_loss
                 if learn_q:
-                    _accumulate(metrics, "loss/q_value", q_loss.detach())
-                _accumulate(metrics, "loss/policy", actor.pg_loss)
-                _accumulate(metrics, "loss/kl", actor.kl)
-                _accumulate(metrics, "policy/entropy", actor.entropy)
-                _accumulate(metrics, "policy/clip_fraction", actor.clip_fraction)
-                _accumulate(metrics, "policy/approx_kl", actor.approx_kl)
-            _accumulate(metrics, "loss/total", total)  # the mini-batch's loss (summed over ranks: see mean_metrics)
-            _accumulate(metrics, "policy/grad_norm", torch.nn.utils.clip_grad_norm_(backbone, grad_clip))
-            if learn_values and value_rows:
-                _accumulate(metrics, "values/grad_norm", torch.nn.utils.clip_grad_norm_(value_rows, value_grad_clip))
-            optimizer.step()
+                    q_loss = value_loss(out.q_values.cpu(), targets.old_q_values[idx], targets.q_returns[idx],
+                                        turns, loss_cfg.value_clip)
+                    values_loss = values_loss + q_loss
+                values_part = loss_cfg.value_coef * values_loss * (len(idx) / len(mini))
+                if measure and share:
+                    measure = False
+                    for name, norm in gradient_sources({"policy_loss": loss, "value_loss": values_part},
+                                                       backbone).items():
+                        _accumulate(metrics, f"grad/backbone_from_{name}", norm)
+                loss = loss + values_part
+            (loss * share).backward()
+            if share == 0:  # a padding pass: keeps the ranks' FSDP collectives in step, counts for nothing
+                continue
+            total += float(loss.detach()) * share
+            if learn_values:
+                _accumulate(metrics, "loss/value", v_loss.detach())
+            if learn_q:
+                _accumulate(metrics, "loss/q_value", q_loss.detach())
+            _accumulate(metrics, "loss/policy", actor.pg_loss)
+            _accumulate(metrics, "loss/kl", actor.kl)
+            _accumulate(metrics, "policy/entropy", actor.entropy)
+            _accumulate(metrics, "policy/clip_fraction", actor.clip_fraction)
+            _accumulate(metrics, "policy/approx_kl", actor.approx_kl)
+        _accumulate(metrics, "loss/total", total)  # the mini-batch's loss (summed over ranks: see mean_metrics)
+        _accumulate(metrics, "policy/grad_norm", torch.nn.utils.clip_grad_norm_(backbone, grad_clip))
+        if learn_values and value_rows:
+            _accumulate(metrics, "values/grad_norm", torch.nn.utils.clip_grad_norm_(value_rows, value_grad_clip))
     return mean_metrics({k: sum(v) / len(v) for k, v in metrics.items()})
 
 
@@ -151,20 +142,16 @@ def critic_update(critic, optimizer: torch.optim.Optimizer, samples: Sequence[Tu
     `value_mask` are in that same selected layout, [N] or [N, L]."""
     metrics: dict[str, list[float]] = defaultdict(list)
     critic.train()
-    for _ in range(epochs):
-        for mini in mini_batches(len(samples), mini_batch_turns):
-            optimizer.zero_grad(set_to_none=True)
-            lengths = [len(samples[i]) for i in mini.tolist()]
-            total = float(value_mask[mini].sum())
-            for group, share in rank_share(micro_batches(lengths, micro_batch_tokens)):
-                idx = mini[group]
-                predicted = select(critic(TokenBatch.from_samples([samples[i] for i in idx.tolist()], pad_id))).cpu()
-                cut = (slice(None),) if predicted.dim() == 1 else (slice(None), slice(0, predicted.shape[1]))
-                mask = value_mask[idx][cut]
-                loss = value_loss(predicted, old_values[idx][cut], returns[idx][cut], mask, loss_cfg.value_clip)
-                (loss * float(mask.sum()) / max(1.0, total) * share).backward()
-                if share:
-                    _accumulate(metrics, "critic/loss", loss.detach())
-            _accumulate(metrics, "critic/grad_norm", torch.nn.utils.clip_grad_norm_(critic.parameters(), grad_clip))
-            optimizer.step()
+    for mini, micro in optimizer_steps(optimizer, samples, epoch_batches(len(samples), mini_batch_turns, epochs),
+                                       micro_batch_tokens):
+        total = float(value_mask[mini].sum())
+        for idx, share in micro:
+            predicted = select(critic(TokenBatch.from_samples([samples[i] for i in idx.tolist()], pad_id))).cpu()
+            cut = (slice(None),) if predicted.dim() == 1 else (slice(None), slice(0, predicted.shape[1]))
+            mask = value_mask[idx][cut]
+            loss = value_loss(predicted, old_values[idx][cut], returns[idx][cut], mask, loss_cfg.value_clip)
+            (loss * float(mask.sum()) / max(1.0, total) * share).backward()
+            if share:
+                _accumulate(metrics, "critic/loss", loss.detach())
+        _accumulate(metrics, "critic/grad_norm", torch.nn.utils.clip_grad_norm_(critic.parameters(), grad_clip))
     return mean_metrics({k: sum(v) / len(v) for k, v in metrics.items()})
