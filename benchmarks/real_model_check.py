@@ -48,7 +48,7 @@ from trainer_client.experts import expert_episodes, expert_samples  # noqa: E402
 from trainer_client.local_server import local_env_server  # noqa: E402
 from trainer_client.policy import Policy, TokenBatch, TransformersBackend, micro_batches  # noqa: E402
 from trainer_client.pretrained import PACKAGED_MODELS, fetch_model  # noqa: E402
-from trainer_client.prompting import PROMPTING_STYLES, prompt_config  # noqa: E402
+from trainer_client.prompting_baselines import PROMPTING_STYLES, prompt_config  # noqa: E402
 from trainer_client.rollout import RolloutConfig  # noqa: E402
 from trainer_client.sft import sft  # noqa: E402
 from trainer_client.train import train  # noqa: E402
@@ -290,23 +290,26 @@ def summary_line(results: dict) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python benchmarks/real_model_check.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", help=f"YAML preset (default {CPU_CONFIG}, or {CUDA_CONFIG} with --device cuda)")
-    parser.add_argument("--device", help="cpu or cuda (same as device=...)")
-    parser.add_argument("overrides", nargs="*", help="CheckConfig key=value overrides, e.g. games=12")
+    """The one loader's command line for a CheckConfig: --config (default CPU_CONFIG, or CUDA_CONFIG with
+    --device cuda), the aliases (--device), key=value overrides (e.g. games=12), --dry-run."""
+    parser = config.Parser(prog="python benchmarks/real_model_check.py", description=__doc__.split("\n\n")[0])
+    config.add_config_arguments(parser, CheckConfig, dry_run=True)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    preset = args.config or (CUDA_CONFIG if (args.device or "").startswith("cuda") else CPU_CONFIG)
-    overrides = [*args.overrides, *([f"device={args.device}"] if args.device else [])]
+    args = parser.parse_intermixed_args(argv)
+    preset = args.config or (CUDA_CONFIG if (config.alias_value(args, "device") or "").startswith("cuda") else CPU_CONFIG)
+    args.config = str(REPO / preset if not Path(preset).is_absolute() else preset)
+    cfg = config.config_from_args(CheckConfig, parser, args)
     try:
-        cfg = config.load(CheckConfig, REPO / preset if not Path(preset).is_absolute() else preset, overrides)
         config.load(TrainConfig, REPO / cfg.rl_preset, list(cfg.rl_overrides))  # a typo fails before any work
     except config.ConfigError as error:
-        parser.error(str(error))
+        config.fail(parser.prog, error)
+    if args.dry_run:
+        config.print_config(cfg)
+        return 0
     if not os.environ.get("ALFWORLD_DATA"):
         parser.error("the check plays the official ALFWorld games: set ALFWORLD_DATA to the folder holding "
                      "json_2.1.1/ (`make real-model-check` does where ../shared/data has it; limen-data fetch alfworld)")

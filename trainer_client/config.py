@@ -277,6 +277,11 @@ def _dest(alias: Alias) -> str:
     return "alias:" + alias.key
 
 
+def alias_value(args: argparse.Namespace, key: str) -> Any:
+    """What the alias of `key` was given on the command line (None when it was not)."""
+    return getattr(args, "alias:" + key, None)
+
+
 def config_from_args(cls: type[T], parser: argparse.ArgumentParser, args: argparse.Namespace,
                      extra_overrides: typing.Sequence[str] = ()) -> T:
     """Defaults <- preset <- aliases <- key=value overrides (the last word wins); any mistake exits 2 with

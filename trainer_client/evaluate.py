@@ -5,9 +5,9 @@
                [--dry-run]
     limen-eval combine a.json b.json ... [--markdown table.md] [--runs [LABEL=]RUN_DIR ...] [--plot curves.png]
 
-Sampling is at the anchor's temperature 0.4 (TrainConfig.eval_temperature). Each results file holds one checkpoint's counts per eval seed;
-`combine` pools files by label into the anchor's table (research/algorithm.md §2.1) and plots learning
-curves from runs' metrics.jsonl.
+Sampling is at the anchor's temperature 0.4 (TrainConfig.eval_temperature). Each results file holds one
+checkpoint's counts per eval seed; `combine` pools files by label into the anchor's table
+(research/algorithm.md §2.1) and plots learning curves from runs' metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from trainer_client.policy import Policy, TransformersBackend
 from trainer_client.policy.dtypes import ModelDtype, names, torch_dtype
 from trainer_client.policy.generation import GenerationBackend
 from trainer_client.policy.qwen import QWEN25_CHAT_TEMPLATE
-from trainer_client.prompting import PROMPTING_STYLES, prompt_config
+from trainer_client.prompting_baselines import PROMPTING_STYLES, prompt_config
 from trainer_client.prompts import PromptConfig
 from trainer_client.rollout import EpisodeRecord, RolloutConfig, TaskRef, collect
 from trainer_client.train_config import TrainConfig

@@ -13,7 +13,9 @@ from pathlib import Path
 import torch
 
 from trainer_client import distributed
-from trainer_client.algorithms import Advantages, EstimatorNeeds, ValueSource, explained_variance, get_estimator, masked_mean
+from trainer_client.algorithms import (
+    Advantages, EstimatorNeeds, ValueSource, explained_variance, get_estimator, masked_mean,
+)
 from trainer_client.experience import critic_readout, pad_id, policy_readout, turn_batch, turn_samples
 from trainer_client.policy import Critic, Policy, TurnSample
 from trainer_client.rollout import EpisodeRecord

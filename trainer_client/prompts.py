@@ -32,7 +32,7 @@ class PromptConfig:
     format_penalty: float = 0.01
     """Subtracted from a turn's reward when its reply is format-invalid (verl-agent's 0.1 on its x10 scale)."""
     example: str = ""
-    """A worked example shown before the task (the ReAct-style prompting baseline, trainer_client/prompting.py)."""
+    """A worked example shown before the task (the ReAct-style baseline, trainer_client/prompting_baselines.py)."""
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,8 @@ def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: flo
                         TextColumn("loss {task.fields[loss]:.3f}"), console=console or Console(stderr=True))
     with progress:
         bar = progress.add_task("sft", total=steps, loss=float("nan"))
-        for batch, micro in optimizer_steps(optimizer, samples, sft_batches(len(samples), batch_turns, steps, generator),
-                                            micro_batch_tokens, after_step=schedule.step):
+        batches = sft_batches(len(samples), batch_turns, steps, generator)
+        for batch, micro in optimizer_steps(optimizer, samples, batches, micro_batch_tokens, after_step=schedule.step):
             batch_samples = [samples[i] for i in batch.tolist()]
             reply_tokens = sum(len(s.response_ids) for s in batch_samples)
             prompt_tokens = sum(len(s.prompt_ids) - 1 for s in batch_samples)

@@ -91,7 +91,7 @@ class TrainConfig:
     eval_episodes: int = 0
     """Tasks of the eval split to play (0: all)."""
     eval_temperature: float = 0.4
-    """Sampling temperature of held-out evaluation (the anchor protocol's 0.4; training samples at rollout.temperature)."""
+    """Sampling temperature of held-out evaluation (the anchor protocol's 0.4; training: rollout.temperature)."""
     timing_every: int = 10
     """Print the mean runtime breakdown of the last this many iterations (and of the whole run at the end)."""
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -14,7 +14,7 @@ from trainer_client.evaluate import (
     ALFWORLD_CATEGORIES, EvalJob, job_settings, mean_curve, mean_std, plot_curves, results_table, subset,
     summarize_results,
 )
-from trainer_client.prompting import PROMPTING_STYLES, prompt_config, worked_example
+from trainer_client.prompting_baselines import PROMPTING_STYLES, prompt_config, worked_example
 from trainer_client.prompts import PromptConfig, build_prompt, parse_action
 from trainer_client.train_config import TrainConfig
 
