@@ -251,8 +251,6 @@ def check_train(cfg) -> Preflight:
         check_split(cfg.env.name, cfg.env.eval_split, "env.eval_split", cfg.env.servers, cfg.env.server_args, report)
     for split in cfg.env.report_splits:
         check_split(cfg.env.name, split, "env.report_splits", cfg.env.servers, cfg.env.server_args, report)
-    for split in getattr(cfg.env, "report_splits", ()):
-        check_split(cfg.env.name, split, "env.report_splits", cfg.env.servers, cfg.env.server_args, report)
     return report
 
 
