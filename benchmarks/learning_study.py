@@ -8,10 +8,12 @@ summary.json and the learning curves are generated from the runs' results files,
 
 Resumable: a seed's SFT (`seed_S/sft.json`) and an algorithm's RL + evaluation (`seed_S/ARM/results.json`)
 are skipped when their results file exists; an interrupted RL run resumes from its last checkpoint; an
-out_dir that holds runs made with other settings is refused. After each seed (and at the end) the small
-results files are copied to `measurements_dir` beside summary.json, and RESULTS.md is rewritten; with
-`--commit` those paths are then committed to git, one commit per finished seed. `--estimate` times the first
-seed's SFT (kept for the study) and a few RL iterations of every algorithm, and prints the projected time.
+out_dir that holds runs made with other settings is refused. After each part (a seed's SFT, an arm) the
+results files and the seed's SFT checkpoint are copied to `measurements_dir` beside summary.json, and
+RESULTS.md is rewritten; with `--commit` those paths are then committed to git, one commit per part. A fresh
+checkout resumes from what was committed: the finished parts are copied back into out_dir and skipped, so a
+study of several days spans sessions. `--estimate` times the first seed's SFT (kept for the study) and a few RL
+iterations of every algorithm, and prints the projected time.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ ABLATIONS = {
                                             "verl's token-level GAE with gamma = lambda = 1 inside each turn",
 }
 # Settings that may change between invocations on one out_dir without making its finished runs stale.
-RESUMABLE_CHANGES = ("report_dir", "measurements_dir", "seeds", "extended", "estimate_iterations")
+RESUMABLE_CHANGES = ("out_dir", "report_dir", "measurements_dir", "seeds", "extended", "estimate_iterations")
 SFT_LABEL = "SFT (start)"
 CURVES_PNG = "results_learning_curves.png"
 INTERPRETATION_MD = "RESULTS_interpretation.md"
@@ -91,7 +93,7 @@ class StudyConfig:
     report_dir: str = "docs"
     """Where RESULTS.md and its PNG are written (and the lead's RESULTS_interpretation.md is read)."""
     measurements_dir: str = "docs/measurements/study"
-    """Where summary.json and copies of the runs' small results files (no checkpoints) are kept, to commit."""
+    """Where summary.json, copies of the runs' results files and each seed's SFT checkpoint are kept, to commit."""
     env: str = "alfworld"
     train_split: str = "gen_train"
     eval_splits: tuple[str, ...] = ("gen_test", "valid_seen")
@@ -214,13 +216,14 @@ async def evaluate_policy(pool: EnvPool, policy: Policy, cfg: StudyConfig,
 
 
 async def with_missing_evaluations(pool: EnvPool, cfg: StudyConfig, tasks: Mapping[str, HeldOut],
-                                   result_file: Path, policy_dir: Path) -> dict:
+                                   result_file: Path, policy_dir: Callable[[], Path]) -> dict:
     """A finished step's results, plus the held-out splits it was not evaluated on because the server did not
-    serve them then (e.g. valid_seen before ALFWORLD_DATA was set): evaluated now and written back."""
+    serve them then (e.g. valid_seen before ALFWORLD_DATA was set): evaluated now and written back. The
+    checkpoint is looked up only then: a step restored from measurements_dir has its results, not its weights."""
     result = json.loads(result_file.read_text())
     missing = {split: held_out for split, held_out in tasks.items() if split not in result["evaluations"]}
     if missing:
-        policy = Policy.load(policy_dir)
+        policy = Policy.load(policy_dir())
         result["evaluations"] |= await evaluate_policy(pool, policy, cfg, missing)
         write_json(result_file, result)
     return result
@@ -233,7 +236,7 @@ async def warm_start(pool: EnvPool, cfg: StudyConfig, seed: int, tasks: Mapping[
     out = seed_dir(cfg, seed)
     done = out / "sft.json"
     if done.is_file():
-        return await with_missing_evaluations(pool, cfg, tasks, done, out / "sft")
+        return await with_missing_evaluations(pool, cfg, tasks, done, lambda: out / "sft")
     out.mkdir(parents=True, exist_ok=True)
     trained = out / "sft_train.json"   # the SFT itself, kept so that an interrupted evaluation does not redo it
     if trained.is_file() and (out / "sft").is_dir():
@@ -275,7 +278,7 @@ async def run_arm(pool: EnvPool, server: str, cfg: StudyConfig, seed: int, arm: 
     run_dir = run_dir or seed_dir(cfg, seed) / arm
     done = run_dir / "results.json"
     if done.is_file():
-        return await with_missing_evaluations(pool, cfg, tasks, done, latest_checkpoint(run_dir) / "policy")
+        return await with_missing_evaluations(pool, cfg, tasks, done, lambda: latest_checkpoint(run_dir) / "policy")
     rl = arm_config(cfg, arm, seed, str(seed_dir(cfg, seed) / "sft"), server, str(run_dir))
     rl = dataclasses.replace(rl, iterations=iterations or rl.iterations)
     started = time.perf_counter()
@@ -332,17 +335,20 @@ def study_env_server(cfg: StudyConfig) -> AbstractAsyncContextManager[str]:
                             extra_env={"PYTHONHASHSEED": "0"})
 
 
-async def run_study(cfg: StudyConfig, console: Console, seed_done: Callable[[int], None] | None = None) -> None:
-    """Every seed in turn: its SFT start, then every arm; `seed_done(seed)` after each seed's last arm."""
+async def run_study(cfg: StudyConfig, console: Console,
+                    part_done: Callable[[int, str], None] | None = None) -> None:
+    """Every seed in turn: its SFT start, then every arm; `part_done(seed, part)` after each ("sft" or the arm)."""
     async with study_env_server(cfg) as address, EnvPool([address]) as pool:
         tasks = await held_out_tasks(pool, cfg)
         for seed in cfg.seeds:
             await warm_start(pool, cfg, seed, tasks, console)
+            if part_done:
+                part_done(seed, "sft")
             for arm in cfg.arms:
                 console.rule(f"seed {seed}: {arm}")
                 await run_arm(pool, address, cfg, seed, arm, tasks, console)
-            if seed_done:
-                seed_done(seed)
+                if part_done:
+                    part_done(seed, arm)
 
 
 # ---- the dry estimate ------------------------------------------------------------------------------------
@@ -769,29 +775,54 @@ def render_results(results: StudyResults, summary: Mapping, command: str, interp
     return "\n".join(out)
 
 
+def study_files(cfg: StudyConfig, root: Path) -> list[Path]:
+    """The files of `root` (out_dir or measurements_dir) that make the study resumable anywhere, relative to it:
+    study.yaml; per seed the SFT results and the SFT checkpoint every arm starts from (a tiny model, ~2.5 MB);
+    per arm its results, metrics and config. No RL checkpoints: a finished arm needs only its results."""
+    wanted = [Path("study.yaml")]
+    for seed in cfg.seeds:
+        seed_rel = seed_dir(cfg, seed).relative_to(cfg.out_dir)
+        wanted += [seed_rel / "sft.json", seed_rel / "sft_train.json"]
+        if (root / seed_rel / "sft.json").is_file():   # the checkpoint with its results, not a half-written one
+            wanted += sorted(p.relative_to(root) for p in (root / seed_rel / "sft").glob("*") if p.is_file())
+        for arm in cfg.arms:
+            if (root / seed_rel / arm / "results.json").is_file():
+                wanted += [seed_rel / arm / name for name in ("results.json", "metrics.jsonl", "config.yaml")]
+    return [path for path in wanted if (root / path).is_file()]
+
+
 def export_measurements(cfg: StudyConfig) -> Path:
-    """Copy the runs' small files (results, metrics, configs; no checkpoints) into measurements_dir, replacing
-    the seed folders there, so that what is committed is exactly the study in out_dir."""
+    """Copy the study's files (study_files) into measurements_dir, replacing the seed folders there, so that
+    what is committed is exactly the study in out_dir."""
     out, target = Path(cfg.out_dir), Path(cfg.measurements_dir)
     target.mkdir(parents=True, exist_ok=True)
     if out.resolve() == target.resolve():
         return target
     for old in target.glob("seed_*"):
         shutil.rmtree(old)
-    shutil.copy2(out / "study.yaml", target / "study.yaml")
-    for seed in cfg.seeds:
-        for name in ("sft.json", "sft_train.json"):
-            source = seed_dir(cfg, seed) / name
-            if source.is_file():
-                (target / source.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(source, target / source.relative_to(out))
-        for arm in cfg.arms:
-            run_dir = seed_dir(cfg, seed) / arm
-            if (run_dir / "results.json").is_file():
-                (target / run_dir.relative_to(out)).mkdir(parents=True, exist_ok=True)
-                for name in ("results.json", "metrics.jsonl", "config.yaml"):
-                    shutil.copy2(run_dir / name, target / run_dir.relative_to(out) / name)
+    for path in study_files(cfg, out):
+        (target / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(out / path, target / path)
     return target
+
+
+def restore_from_measurements(cfg: StudyConfig) -> list[Path]:
+    """A study committed part by part resumes in a fresh checkout: the committed files missing from out_dir are
+    copied back (finished SFT starts and arms are then skipped). Only when the committed study was made with
+    these settings; an older study's files are left for the first publish to replace."""
+    out, source = Path(cfg.out_dir), Path(cfg.measurements_dir)
+    saved = source / "study.yaml"
+    if out.resolve() == source.resolve() or not saved.is_file():
+        return []
+    changed = [key for key in changed_settings(yaml.safe_load(saved.read_text()), configuration.to_dict(cfg))
+               if key.split(".")[0] not in RESUMABLE_CHANGES]
+    if changed:
+        return []
+    restored = [path for path in study_files(cfg, source) if not (out / path).exists()]
+    for path in restored:
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / path, out / path)
+    return restored
 
 
 def write_report(cfg: StudyConfig, command: str) -> list[Path]:
@@ -850,7 +881,8 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--report-only", action="store_true", help="rewrite RESULTS.md from the results files")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     parser.add_argument("--commit", action="store_true",
-                        help="after each finished seed, git-commit summary.json, the results copies and RESULTS.md")
+                        help="after each finished part (a seed's SFT, an arm), git-commit summary.json, "
+                             "the study's files and RESULTS.md")
     args = parser.parse_intermixed_args(argv)
     cfg = config.config_from_args(StudyConfig, parser, args)
     if args.dry_run:
@@ -860,6 +892,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--commit publishes finished seeds; --estimate finishes none")
     if not args.report_only:
         try:
+            restored = restore_from_measurements(cfg)
+            if restored:
+                print(f"restored {len(restored)} files of finished parts from {cfg.measurements_dir}", flush=True)
             prepare_out_dir(cfg)
         except ValueError as error:
             parser.error(str(error))
@@ -875,25 +910,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"estimated study time: {projected['total'] / 3600:.2f} h ({len(cfg.seeds)} seeds x {len(cfg.arms)} arms)")
         return 0
 
-    def publish(seed: int | None) -> None:
+    def publish(seed: int | None = None, part: str = "") -> None:
         """Regenerate the report from every finished run; with --commit, commit it (nothing new: no commit)."""
         paths = write_report(cfg, command)
         print(f"report: {paths[0]}, summary: {Path(cfg.measurements_dir) / 'summary.json'}", flush=True)
         if args.commit:
             done = finished_seeds(read_results(cfg))
-            what = f"seed {seed} finished" if seed is not None else "report regenerated"
+            what = f"seed {seed} {part} finished" if seed is not None else "report regenerated"
             message = (f"Learning study ({Path(args.config or 'defaults').name}): {what}; seeds done "
                        f"{done or 'none'} of {list(cfg.seeds)}, summary.json and RESULTS.md from their results files")
             try:
                 if commit(paths, message):
                     print(f"committed: {message}", flush=True)
             except (RuntimeError, OSError, subprocess.CalledProcessError) as error:
-                # Hours of runs must not stop on git: the files are written, the next seed's commit takes them.
+                # Hours of runs must not stop on git: the files are written, the next part's commit takes them.
                 print(f"not committed ({error}); the next publish retries", file=sys.stderr, flush=True)
 
     if not args.report_only:
-        asyncio.run(run_study(cfg, console, seed_done=publish))
-    publish(None)
+        asyncio.run(run_study(cfg, console, part_done=publish))
+    publish()
     return 0
 
 

@@ -1,10 +1,12 @@
 """The learning study's smallest configuration (configs/study_smoke.yaml: 1 seed, 2 iterations, every core
 algorithm, 2 eval seeds, the toy env through a real env server), run end to end; summary.json and RESULTS.md
 checked number by number against the run's results files; a rerun skips what is done; `--commit` makes one
-commit per finished seed in a scratch git repository; the paired verdicts on made-up 3-seed results."""
+commit per finished part in a scratch git repository, and a fresh out_dir resumes from those commits; the paired
+verdicts on made-up 3-seed results."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -102,10 +104,13 @@ def test_summary_json_is_computed_from_the_results_files(smoke_run):
         boundary["held_out_mean"] - grpo["held_out_mean"])
     assert list(summary["comparisons"]) == ["boundary vs grpo", "boundary vs ppo_critic_turn",
                                             "boundary vs ppo_critic_verl", "ppo_critic_turn vs ppo_critic_verl"]
-    # The copies that get committed: the same results files, no checkpoints.
+    # The copies that get committed: the same results files, and the SFT start every arm resumes from; no RL
+    # checkpoints, no untrained base.
     copied = smoke_run / "measurements" / "seed_0"
     assert read(copied / "boundary" / "results.json") == read(smoke_run / "seed_0" / "boundary" / "results.json")
-    assert not list(copied.glob("**/*.safetensors")) and not list(copied.glob("**/checkpoints"))
+    assert [p.relative_to(copied) for p in copied.glob("**/*.safetensors")] == [Path("sft/model.safetensors")]
+    assert (copied / "sft" / "model.safetensors").read_bytes() == (smoke_run / "seed_0" / "sft" / "model.safetensors").read_bytes()
+    assert not list(copied.glob("**/checkpoints")) and not (copied / "base").exists()
 
 
 def test_results_md_numbers_equal_the_summary_and_results_files(smoke_run):
@@ -174,7 +179,7 @@ def git(repo: Path, *args: str) -> str:
 
 
 @pytest.mark.timeout(900)   # a whole smoke seed: over the default 300 s on 2 cores shared by ~20 busy processes
-def test_commit_publishes_each_finished_seed_and_only_its_paths(study, smoke_run, tmp_path):
+def test_commit_publishes_each_finished_part_and_a_fresh_out_dir_resumes_from_it(study, smoke_run, tmp_path):
     # Last in this file: it adds seed 1 to the smoke run.
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -190,23 +195,57 @@ def test_commit_publishes_each_finished_seed_and_only_its_paths(study, smoke_run
     (repo / "other.txt").write_text("someone else's staged change")
     git(repo, "add", "other.txt")
     docs = repo / "docs"
-    args = ["--config", str(SMOKE), f"out_dir={smoke_run}", f"report_dir={docs}",
-            f"measurements_dir={docs / 'measurements' / 'study'}", "seeds=[0,1]", "--commit"]
-    assert study.main(args) == 0
+    measurements = docs / "measurements" / "study"
+    args = ["--config", str(SMOKE), f"report_dir={docs}", f"measurements_dir={measurements}", "seeds=[0,1]", "--commit"]
+    assert study.main([*args, f"out_dir={smoke_run}"]) == 0
 
+    # Seed 0 was finished: its first part's publish commits all of it; then seed 1's SFT and each arm, one by one.
     subjects = git(repo, "log", "--format=%s").splitlines()
-    assert len(subjects) == 3 and "seed 1 finished" in subjects[0] and "seed 0 finished" in subjects[1]
-    for revision, seeds in (("HEAD~1", [0]), ("HEAD", [0, 1])):
+    assert len(subjects) == 7 and subjects[-1] == "before"
+    assert "seed 0 sft finished" in subjects[-2] and "seed 1 sft finished" in subjects[-3]
+    assert ["seed 1 " + arm + " finished" in subject for subject, arm in zip(subjects[3::-1], CORE)] == [True] * 4
+    for revision, seeds in (("HEAD~5", [0]), ("HEAD", [0, 1])):
         summary = json.loads(git(repo, "show", f"{revision}:docs/measurements/study/summary.json"))
         assert summary["seeds"] == seeds
         committed = set(git(repo, "ls-tree", "-r", "--name-only", revision).splitlines())
         assert {f"docs/measurements/study/seed_{s}/{arm}/results.json" for s in seeds for arm in CORE} <= committed
+        assert {f"docs/measurements/study/seed_{s}/sft/model.safetensors" for s in seeds} <= committed
         assert {"docs/RESULTS.md", "docs/results_learning_curves.png"} <= committed
         assert "docs/measurements/study/seed_0/base/tokenizer.json" not in committed
+        assert not [name for name in committed if "/checkpoints/" in name]
     assert git(repo, "show", "HEAD:other.txt") == "someone else's work"          # not swept into the study's commits
     assert git(repo, "diff", "--cached", "--name-only").split() == ["other.txt"]  # still staged, untouched
-    assert study.main(args) == 0                                                  # nothing new: no commit
-    assert len(git(repo, "log", "--format=%s").splitlines()) == 3
+    assert study.main([*args, f"out_dir={smoke_run}"]) == 0                       # nothing new: no commit
+    assert len(git(repo, "log", "--format=%s").splitlines()) == 7
+
+    # A new session's checkout: out_dir is gone, the commits remain. Every finished part is restored and skipped
+    # (no training, no evaluation: no checkpoint is written), and the numbers are the same (only the command that
+    # generated them names the other out_dir).
+    fresh = tmp_path / "fresh_out"
+    summary_before = read(measurements / "summary.json")
+    assert study.main([*args, f"out_dir={fresh}"]) == 0
+    assert read(fresh / "seed_1" / "grpo" / "results.json") == read(smoke_run / "seed_1" / "grpo" / "results.json")
+    assert not list(fresh.glob("**/checkpoints")) and not (fresh / "seed_0" / "base").exists()
+    summary_after = read(measurements / "summary.json")
+    assert summary_after.pop("generated_by") != summary_before.pop("generated_by")
+    assert summary_after == summary_before
+
+
+def test_a_committed_study_with_other_settings_is_not_restored(study, tmp_path):
+    committed = tmp_path / "measurements"
+    committed.mkdir()
+    cfg = configuration.load(study.StudyConfig, SMOKE)
+    (committed / "study.yaml").write_text(yaml.safe_dump(configuration.to_dict(cfg) | {"sft_epochs": 99}))
+    (committed / "seed_0").mkdir()
+    (committed / "seed_0" / "sft.json").write_text("{}")
+    out = tmp_path / "out"
+    fresh = dataclasses.replace(cfg, out_dir=str(out), measurements_dir=str(committed))
+    assert study.restore_from_measurements(fresh) == []
+    assert not out.exists()
+    same = committed / "study.yaml"
+    same.write_text(yaml.safe_dump(configuration.to_dict(cfg)))
+    assert study.restore_from_measurements(fresh) == [Path("study.yaml"), Path("seed_0/sft.json")]
+    assert (out / "seed_0" / "sft.json").read_text() == "{}"
 
 
 # ---- the pure parts, on made-up results ------------------------------------------------------------------------
