@@ -814,7 +814,7 @@ def restore_from_measurements(cfg: StudyConfig) -> list[Path]:
     saved = source / "study.yaml"
     if out.resolve() == source.resolve() or not saved.is_file():
         return []
-    changed = [key for key in changed_settings(yaml.safe_load(saved.read_text()), configuration.to_dict(cfg))
+    changed = [key for key in changed_settings(yaml.safe_load(saved.read_text()), config.to_dict(cfg))
                if key.split(".")[0] not in RESUMABLE_CHANGES]
     if changed:
         return []

@@ -234,8 +234,8 @@ def test_commit_publishes_each_finished_part_and_a_fresh_out_dir_resumes_from_it
 def test_a_committed_study_with_other_settings_is_not_restored(study, tmp_path):
     committed = tmp_path / "measurements"
     committed.mkdir()
-    cfg = configuration.load(study.StudyConfig, SMOKE)
-    (committed / "study.yaml").write_text(yaml.safe_dump(configuration.to_dict(cfg) | {"sft_epochs": 99}))
+    cfg = config.load(study.StudyConfig, SMOKE)
+    (committed / "study.yaml").write_text(yaml.safe_dump(config.to_dict(cfg) | {"sft_epochs": 99}))
     (committed / "seed_0").mkdir()
     (committed / "seed_0" / "sft.json").write_text("{}")
     out = tmp_path / "out"
@@ -243,7 +243,7 @@ def test_a_committed_study_with_other_settings_is_not_restored(study, tmp_path):
     assert study.restore_from_measurements(fresh) == []
     assert not out.exists()
     same = committed / "study.yaml"
-    same.write_text(yaml.safe_dump(configuration.to_dict(cfg)))
+    same.write_text(yaml.safe_dump(config.to_dict(cfg)))
     assert study.restore_from_measurements(fresh) == [Path("study.yaml"), Path("seed_0/sft.json")]
     assert (out / "seed_0" / "sft.json").read_text() == "{}"
 
