@@ -11,6 +11,7 @@ compared with the first way's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import asyncio
 import json
 import os
@@ -25,17 +26,18 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402  (after the OpenMP setting)
 from rich.console import Console  # noqa: E402
 
+from trainer_client import config  # noqa: E402
+from trainer_client.demo import DemoConfig  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
 from trainer_client.evaluate import evaluate  # noqa: E402
 from trainer_client.experts import expert_episodes, expert_samples, expert_texts  # noqa: E402
 from trainer_client.local_server import local_env_server  # noqa: E402
 from trainer_client.policy import Policy, TransformersBackend, build_tiny_checkpoint  # noqa: E402
-from trainer_client.prompts import PromptConfig  # noqa: E402
-from trainer_client.rollout import RolloutConfig  # noqa: E402
 from trainer_client.sft import sft  # noqa: E402
-from trainer_client.train_config import TrainConfig  # noqa: E402
 
-PROMPTS = PromptConfig(history_turns=1, history_obs_max_words=10)        # the demo's
+# The demo's prompts and rollout, read through the one config loader.
+DEMO = config.load(DemoConfig, Path(__file__).resolve().parents[1] / "configs" / "demo.yaml")
+PROMPTS = DEMO.rl.prompt
 WAYS = {  # name: (concurrency, max_batch, batch_wait_s, dtype)
     "lock-step, all games in flight": (256, 256, 0.0, "float32"),
     "8 in flight, batches of <= 4, 20 ms wait": (8, 4, 0.02, "float32"),
@@ -65,8 +67,8 @@ async def play(checkpoint: str, server: str, games: int, seed: int, concurrency:
                batch_wait_s: float, dtype: str) -> dict:
     policy = Policy.load(checkpoint)
     backend = TransformersBackend.from_policy(policy, dtype=getattr(torch, dtype))
-    rollout = RolloutConfig(temperature=TrainConfig.eval_temperature, max_new_tokens=24, max_turns=20,
-                            max_concurrent_episodes=concurrency, max_batch=max_batch, batch_wait_s=batch_wait_s)
+    rollout = dataclasses.replace(DEMO.rl.rollout, temperature=DEMO.rl.eval_temperature,
+                                  max_concurrent_episodes=concurrency, max_batch=max_batch, batch_wait_s=batch_wait_s)
     started = time.perf_counter()
     async with EnvPool([server]) as pool:
         task_ids = sorted(await pool.list_tasks("alfworld", "gen_test"))[:games]
