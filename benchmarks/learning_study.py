@@ -312,19 +312,24 @@ def changed_settings(old: Mapping, new: Mapping, prefix: str = "") -> list[str]:
     return changed
 
 
+def stale_settings(saved: Path, cfg: StudyConfig) -> list[str]:
+    """Settings of the study saved in `saved` (a study.yaml) that differ from `cfg` and make its runs stale."""
+    return [key for key in changed_settings(yaml.safe_load(saved.read_text()), config.to_dict(cfg))
+            if key.split(".")[0] not in RESUMABLE_CHANGES]
+
+
 def prepare_out_dir(cfg: StudyConfig) -> Path:
     """out_dir with this config in study.yaml; refused when it holds runs made with other settings, which a
     resumed study would otherwise mix in (more seeds, the extended arms or another report_dir are fine)."""
     out = Path(cfg.out_dir)
-    saved, current = out / "study.yaml", config.to_dict(cfg)
+    saved = out / "study.yaml"
     if saved.is_file():
-        changed = [key for key in changed_settings(yaml.safe_load(saved.read_text()), current)
-                   if key.split(".")[0] not in RESUMABLE_CHANGES]
+        changed = stale_settings(saved, cfg)
         if changed:
             raise ValueError(f"{out} holds runs made with other settings ({', '.join(changed)}): use another out_dir, "
                              f"or remove it to start over")
     out.mkdir(parents=True, exist_ok=True)
-    saved.write_text(yaml.safe_dump(current, sort_keys=False))
+    saved.write_text(yaml.safe_dump(config.to_dict(cfg), sort_keys=False))
     return out
 
 
@@ -814,9 +819,7 @@ def restore_from_measurements(cfg: StudyConfig) -> list[Path]:
     saved = source / "study.yaml"
     if out.resolve() == source.resolve() or not saved.is_file():
         return []
-    changed = [key for key in changed_settings(yaml.safe_load(saved.read_text()), config.to_dict(cfg))
-               if key.split(".")[0] not in RESUMABLE_CHANGES]
-    if changed:
+    if stale_settings(saved, cfg):
         return []
     restored = [path for path in study_files(cfg, source) if not (out / path).exists()]
     for path in restored:
