@@ -64,6 +64,14 @@ async def wait_for_checkpoint(run_dir: Path, name: str, process: subprocess.Pope
         await asyncio.sleep(0.05)
 
 
+async def wait_for_rollout(server: RestartableServer, process: subprocess.Popen, log: Path) -> None:
+    """Until the next iteration's episodes are open on the server: a kill then lands mid-iteration, whatever the
+    machine's speed (a fixed sleep let a fast machine finish the iteration first)."""
+    while (await server.load()).active_sessions == 0:
+        assert process.poll() is None, f"the trainer exited early:\n{log.read_text()[-3000:]}"
+        await asyncio.sleep(0.01)
+
+
 async def test_a_trainer_killed_mid_iteration_resumes_to_the_same_metrics(toy_checkpoint, tmp_path):
     server = RestartableServer(tmp_path, "env-server")
     await server.start()
@@ -74,7 +82,7 @@ async def test_a_trainer_killed_mid_iteration_resumes_to_the_same_metrics(toy_ch
 
         victim = start_trainer(trainer_command(interrupted, toy_checkpoint, server.address), log)
         await wait_for_checkpoint(interrupted, KILL_AFTER_CHECKPOINT, victim, log)
-        await asyncio.sleep(1.0)   # well into the next iteration's rollout
+        await wait_for_rollout(server, victim, log)
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         logged_before_kill = len(metrics_of(interrupted))
