@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import platform
 import random
 import sys
 from pathlib import Path
@@ -136,6 +137,15 @@ def start_run_dir(cfg: TrainConfig) -> Path:
     return run_dir
 
 
+def record_start(run_dir: Path, iteration: int) -> None:
+    """One line per start or resume in starts.jsonl: where, and with how many threads, the run went on from
+    `iteration`. Same-seed runs agree only at the same thread count (float reduction order)."""
+    row = {"iteration": iteration, "host": platform.node(), "torch": torch.__version__,
+           "torch_threads": torch.get_num_threads()}
+    with (run_dir / "starts.jsonl").open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
 def restore_optimizers(learner: Learner, state: dict) -> None:
     learner.optimizer.load_state_dict(state["optimizer"])
     if learner.critic_optimizer is not None:
@@ -214,6 +224,8 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
     generator = generation_copy(cfg, policy, checkpoint)
     backend = build_backend(cfg.generation, generator)
     log = RunLog(run_dir if context.is_main else run_dir / f"rank{context.rank}", start)
+    if context.is_main:
+        record_start(run_dir, start)
     timings: list[dict] = []
 
     pool_config = PoolConfig(transport=cfg.env.transport, allow_mixed_versions=cfg.env.allow_mixed_versions)

@@ -102,6 +102,9 @@ async def test_a_trainer_killed_mid_iteration_resumes_to_the_same_metrics(toy_ch
     print(f"\nresume: killed during iteration {logged_before_kill}; per-iteration success "
           f"{[m['rollout/success'] for m in resumed]}, policy loss {[round(m['loss/policy'], 6) for m in resumed]}")
     assert [m["iteration"] for m in resumed] == list(range(ITERATIONS))
+    # The run records each start: from 0, then from the iteration the kill interrupted.
+    starts = [json.loads(line)["iteration"] for line in (interrupted / "starts.jsonl").read_text().splitlines()]
+    assert starts == [0, logged_before_kill], starts
     assert resumed == expected
     uninterrupted_weights, resumed_weights = final_weights(uninterrupted), final_weights(interrupted)
     assert uninterrupted_weights.keys() == resumed_weights.keys()

@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from rich.console import Console
 from safetensors.torch import load_file
 from training_fixtures import bench, toy_model, toy_server  # noqa: F401  (pytest fixtures)
@@ -82,6 +83,9 @@ def test_one_iteration_of_each_kind(name, toy_model, toy_server, tmp_path):
     """The boundary readout, a separate token-level critic with value clipping, and group anchors."""
     rows, printed = run_training(toy_model, toy_server, tmp_path, ALGORITHMS[name], iterations=1, episodes=8)
     check_run(name, rows, tmp_path, toy_model, iterations=1, episodes=8)
+    # Where the run started, with how many threads (same-seed runs match only at the same thread count).
+    starts = [json.loads(line) for line in (tmp_path / "starts.jsonl").read_text().splitlines()]
+    assert [(s["iteration"], s["torch_threads"]) for s in starts] == [(0, torch.get_num_threads())]
     # The runtime breakdown, printed after the iteration and for the whole run, the same rows for all.
     assert printed.count("runtime of iterations 0-0") == 1 and "mean runtime per iteration over 1" in printed
     assert all(f"\n{stage} " in printed for stage in (*ITERATION_STAGES, "iteration"))
