@@ -15,7 +15,7 @@ SHARED_DATA := $(abspath ../shared/data)
 export ALFWORLD_DATA ?= $(if $(wildcard $(SHARED_DATA)/alfworld/json_2.1.1),$(SHARED_DATA)/alfworld)
 export WEBSHOP_DATA ?= $(if $(wildcard $(SHARED_DATA)/webshop/items_shuffle_1000.json),$(SHARED_DATA)/webshop)
 
-.PHONY: install proto test test-slow demo bench clean
+.PHONY: install proto test test-slow test-learning demo bench clean
 
 install: $(STAMP)
 
@@ -42,6 +42,11 @@ test: $(STAMP) browser-deps $(TOOLS_STAMP)
 
 test-slow: $(STAMP) browser-deps $(TOOLS_STAMP)
 	$(PY) -m pytest -q -m "slow and not gpu and not docker"
+
+# The slow suite's two halves a session can run alone: learning (the toy env's RL over 2 seeds, ~23 min each
+# on 2 cores) here, robustness in `make chaos`.
+test-learning: $(STAMP)
+	$(PY) -m pytest -q -s -m slow tests/e2e/test_toy_learning.py
 
 # The main job on the embedded default: SFT, then RL with the boundary critic, on generated ALFWorld games.
 demo: $(STAMP)
