@@ -19,7 +19,9 @@ BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "iteration_cost
 
 
 def load_benchmark(path: Path = BENCHMARK):
-    """A script of benchmarks/ as a module (benchmarks/ is not a package)."""
+    """A script of benchmarks/ as a module (benchmarks/ is not a package; its scripts import their sibling benchlib)."""
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve their module by name
