@@ -4,11 +4,9 @@ their end through a real toy env server: one generation call per turn for every 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 from pathlib import Path
 
-from training_fixtures import bench, toy_model, toy_server  # noqa: F401  (pytest fixtures)
+from training_fixtures import bench, load_benchmark, toy_model, toy_server  # noqa: F401  (pytest fixtures)
 
 from trainer_client.env_pool import EnvPool
 from trainer_client.policy import Policy, TransformersBackend
@@ -18,17 +16,8 @@ from trainer_client.rollout import RolloutConfig, TaskRef
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def load_rollout_overlap():
-    sys.path.insert(0, str(BENCHMARKS))   # for its sibling import of benchlib
-    spec = importlib.util.spec_from_file_location("rollout_overlap", BENCHMARKS / "rollout_overlap.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_lockstep_baseline_steps_every_live_episode_each_turn(toy_model, toy_server):
-    overlap = load_rollout_overlap()
+    overlap = load_benchmark(BENCHMARKS / "rollout_overlap.py")
     policy = Policy.load(toy_model)
     # Never stops early: every reply is max_new_tokens long, and never a valid action, so no episode is won
     # before the turn limit (a fetch task needs at least three moves).
