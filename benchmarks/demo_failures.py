@@ -5,7 +5,8 @@
 
 Plays the games on the demo's env server (same arguments, PYTHONHASHSEED = seed) and prints one JSON line:
 success, the share of actions the game rejected ("Nothing happens."), the share of actions that repeat the
-previous one, and how many lost episodes hold five or more rejected actions. With --returns it also sums
+previous one, how many lost episodes hold five or more rejected actions, and the share of actions (and of
+rejected ones) that were not on the admissible list the turn's prompt showed. With --returns it also sums
 Monte-Carlo advantages (discounted success return minus the batch mean, over the batch std) per kind of
 action: the sign a critic-free policy gradient would give rejected and accepted actions. Issue 5 used it to
 find why RL on the demo did not move held-out success.
@@ -16,10 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+from transformers import AutoTokenizer
 
 from benchlib import add_demo_config_args, load_demo_config
 from trainer_client.demo import DemoConfig, demo_env_server, held_out
@@ -29,6 +33,7 @@ from trainer_client.rollout import EpisodeRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 REJECTED = "Nothing happens"
+SHOWN_LIST = re.compile(r"Admissible actions: \[(.*?)\]$", re.MULTILINE)  # as prompts.build_prompt renders it
 
 
 def rejected_flags(episode: EpisodeRecord) -> list[bool | None]:
@@ -38,15 +43,29 @@ def rejected_flags(episode: EpisodeRecord) -> list[bool | None]:
     return flags + [False if episode.won else None] if episode.turns else []
 
 
-def failure_stats(episodes: Sequence[EpisodeRecord]) -> dict[str, float]:
+def shown_actions(prompt_text: str) -> list[str]:
+    """The admissible actions a turn's (decoded) prompt listed, in order; [] where it listed none."""
+    match = SHOWN_LIST.search(prompt_text)
+    return re.findall(r"'([^']*)'", match.group(1)) if match else []
+
+
+def failure_stats(episodes: Sequence[EpisodeRecord], listed: Sequence[Sequence[bool]] | None = None,
+                  ) -> dict[str, float]:
+    """`listed`, per episode and turn: was the action on the list its prompt showed (adds two shares)."""
     turns = sum(len(e.turns) for e in episodes)
     rejected = sum(bool(f) for e in episodes for f in rejected_flags(e))
     repeats = sum(a.action == b.action for e in episodes for a, b in zip(e.turns, e.turns[1:]))
     lost = [e for e in episodes if not e.won]
     looping = sum(sum(bool(f) for f in rejected_flags(e)) >= 5 for e in lost)
-    return {"episodes": len(episodes), "success": sum(e.won for e in episodes) / max(1, len(episodes)),
-            "turns_per_episode": turns / max(1, len(episodes)), "rejected_share": rejected / max(1, turns),
-            "repeat_share": repeats / max(1, turns), "lost": len(lost), "lost_with_5_rejected": looping}
+    stats = {"episodes": len(episodes), "success": sum(e.won for e in episodes) / max(1, len(episodes)),
+             "turns_per_episode": turns / max(1, len(episodes)), "rejected_share": rejected / max(1, turns),
+             "repeat_share": repeats / max(1, turns), "lost": len(lost), "lost_with_5_rejected": looping}
+    if listed is not None:
+        pairs = [(on_list, flag) for e, row in zip(episodes, listed) for on_list, flag in zip(row, rejected_flags(e))]
+        stats["unlisted_share"] = sum(not on_list for on_list, _ in pairs) / max(1, turns)
+        stats["rejected_unlisted_share"] = (sum(bool(flag) and not on_list for on_list, flag in pairs)
+                                            / max(1, rejected))
+    return stats
 
 
 def mc_advantages(episodes: Sequence[EpisodeRecord], gamma: float) -> list[list[float]]:
@@ -88,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_demo_config(parser, args)
     result = asyncio.run(play(cfg, args.checkpoint, args.split or cfg.eval_split, args.episodes, args.temperature))
     records = [e for e in result.episodes if e.ok]
+    tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+    listed = [[t.action in shown_actions(tokenizer.decode(t.prompt_ids)) for t in e.turns] for e in records]
     report: dict = {"checkpoint": str(args.checkpoint), "temperature": args.temperature,
-                    **failure_stats(records), "dropped": result.dropped}
+                    **failure_stats(records, listed), "dropped": result.dropped}
     if args.returns:
         report["mc_advantage"] = advantage_by_kind(records, cfg.rl.advantage.gamma)
     print(json.dumps(report))

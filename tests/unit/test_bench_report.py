@@ -238,3 +238,21 @@ def test_demo_failures_mc_advantages_favour_what_wins():
     kinds = demo_failures.advantage_by_kind([lost, won], gamma=0.5)
     assert kinds["rejected (lost)"]["n"] == 2 and kinds["rejected (lost)"]["mean"] < 0
     assert kinds["accepted (won)"]["n"] == 2 and kinds["accepted (won)"]["mean"] > 0
+
+
+def test_demo_failures_reads_the_list_a_prompt_showed_and_counts_unlisted_actions():
+    from trainer_client.prompts import PastTurn, build_prompt
+
+    demo_failures = load("demo_failures")
+    listed = ["go to bed 1", "go to desk 1", "take cd 1 from drawer 1"]
+    prompt = build_prompt("alfworld", "look at laptop under the desklamp", "You open the drawer 1.", listed,
+                          [PastTurn("You arrive at drawer 1.", "open drawer 1")], 1)
+    assert demo_failures.shown_actions(prompt) == listed
+    assert demo_failures.shown_actions("no list here") == []
+    # The lost episode's first action was listed, its six rejected repeats of "go to shelf 1" were not.
+    lost = _episode([("start", "go to desk 1")] + [("Nothing happens.", "go to shelf 1")] * 6, won=False)
+    stats = demo_failures.failure_stats([lost], [[True] + [False] * 6])
+    assert stats["unlisted_share"] == pytest.approx(6 / 7)
+    # Five of the six unlisted actions were answered "Nothing happens." (the last has no answer); the first
+    # rejection answered the listed "go to desk 1".
+    assert stats["rejected_unlisted_share"] == pytest.approx(5 / 6)
