@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
 import sys
 from collections.abc import Sequence
@@ -29,11 +28,11 @@ from benchlib import add_demo_config_args, load_demo_config
 from trainer_client.demo import DemoConfig, demo_env_server, held_out
 from trainer_client.env_pool import EnvPool
 from trainer_client.evaluate import EvalResult
+from trainer_client.prompts import listed_actions
 from trainer_client.rollout import EpisodeRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 REJECTED = "Nothing happens"
-SHOWN_LIST = re.compile(r"Admissible actions: \[(.*?)\]$", re.MULTILINE)  # as prompts.build_prompt renders it
 
 
 def rejected_flags(episode: EpisodeRecord) -> list[bool | None]:
@@ -41,12 +40,6 @@ def rejected_flags(episode: EpisodeRecord) -> list[bool | None]:
     is none (the last turn of an episode cut by the turn limit; a won episode's last action was accepted)."""
     flags: list[bool | None] = [nxt.observation.startswith(REJECTED) for nxt in episode.turns[1:]]
     return flags + [False if episode.won else None] if episode.turns else []
-
-
-def shown_actions(prompt_text: str) -> list[str]:
-    """The admissible actions a turn's (decoded) prompt listed, in order; [] where it listed none."""
-    match = SHOWN_LIST.search(prompt_text)
-    return re.findall(r"'([^']*)'", match.group(1)) if match else []
 
 
 def failure_stats(episodes: Sequence[EpisodeRecord], listed: Sequence[Sequence[bool]] | None = None,
@@ -108,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     result = asyncio.run(play(cfg, args.checkpoint, args.split or cfg.eval_split, args.episodes, args.temperature))
     records = [e for e in result.episodes if e.ok]
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
-    listed = [[t.action in shown_actions(tokenizer.decode(t.prompt_ids)) for t in e.turns] for e in records]
+    listed = [[t.action in listed_actions(tokenizer.decode(t.prompt_ids)) for t in e.turns] for e in records]
     report: dict = {"checkpoint": str(args.checkpoint), "temperature": args.temperature,
                     **failure_stats(records, listed), "dropped": result.dropped}
     if args.returns:

@@ -78,10 +78,21 @@ def webshop_view(observation: str, instruction: str) -> str:
     return " [SEP] ".join(f"'{p}'" for p in parts)
 
 
+ADMISSIBLE_HEADING = "Admissible actions: "
+_LISTED = re.compile(re.escape(ADMISSIBLE_HEADING) + r"\[(.*?)\]$", re.MULTILINE | re.DOTALL)
+
+
 def _format_actions(env: str, actions: Sequence[str]) -> str:
     if env == "webshop":
         return "[\n" + "\n".join(f"'{a}'," for a in actions) + "\n]"
     return "[" + ", ".join(f"'{a}'" for a in actions) + "]"
+
+
+def listed_actions(prompt_text: str) -> list[str]:
+    """The admissible actions a (decoded) prompt listed for its current turn (the last list, as `build_prompt`
+    renders it); [] where it listed none."""
+    lists = _LISTED.findall(prompt_text)
+    return re.findall(r"'([^']*)'", lists[-1]) if lists else []
 
 
 def build_prompt(
@@ -108,7 +119,7 @@ def build_prompt(
         lines.append(f"You have taken {step} step(s) so far. Your last {len(shown)} observation(s) and action(s):\n{past}")
     lines.append(f"You are now at step {step + 1}. Current observation: {view(observation)}")
     if cfg.list_admissible:
-        lines.append(f"Admissible actions: {_format_actions(env, admissible_actions)}")
+        lines.append(ADMISSIBLE_HEADING + _format_actions(env, admissible_actions))
     lines.append(_WEBSHOP_CLOSING if env == "webshop" else _CLOSING)
     return "\n".join(lines)
 

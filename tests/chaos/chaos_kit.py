@@ -8,7 +8,6 @@ import asyncio
 import hashlib
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -23,11 +22,10 @@ from env_server.envs.toy import ToyEnv
 from limen.env.v1 import env_pb2, env_pb2_grpc
 from trainer_client.local_server import free_port, wait_until_serving
 from trainer_client.policy.generation import Completion, GenerationBackend, SamplingConfig
-from trainer_client.prompts import PromptConfig, expert_reply
+from trainer_client.prompts import PromptConfig, expert_reply, listed_actions
 from trainer_client.experts import ExpertEpisode, ExpertTurn, expert_texts
 
 START_TIMEOUT_S = 60.0
-_ADMISSIBLE_RE = re.compile(r"Admissible actions: \[(.*)\]")
 
 
 class RestartableServer:
@@ -146,7 +144,7 @@ class ScriptedBackend(GenerationBackend):
 
     def _reply(self, prompt_ids: Sequence[int]) -> Completion:
         prompt = self.tokenizer.decode(list(prompt_ids))
-        admissible = re.findall(r"'([^']*)'", _ADMISSIBLE_RE.findall(prompt)[-1])
+        admissible = listed_actions(prompt)
         draw = int.from_bytes(hashlib.sha256(f"{self.seed}/{prompt}".encode()).digest()[:8], "big")
         reply = expert_reply(admissible[draw % len(admissible)])
         token_ids = (*self.tokenizer.encode(reply, add_special_tokens=False), self.tokenizer.eos_token_id)

@@ -1,7 +1,8 @@
 """Prompt building and action parsing, on hand-written cases."""
 
 from trainer_client.prompts import (
-    ParsedAction, PastTurn, PromptConfig, build_prompt, expert_reply, format_penalty, parse_action, webshop_view,
+    ParsedAction, PastTurn, PromptConfig, build_prompt, expert_reply, format_penalty, listed_actions, parse_action,
+    webshop_view,
 )
 
 
@@ -51,6 +52,16 @@ def test_prompt_shows_only_last_k_turns_with_step_numbers():
     assert "You are now at step 6. Current observation: You see a microwave 1." in prompt
     assert "Admissible actions: ['go to microwave 1', 'look']" in prompt
     assert prompt.startswith("You are an expert agent acting in ALFWorld") and "Your task is to: heat some egg." in prompt
+
+
+def test_listed_actions_reads_back_the_list_a_prompt_rendered():
+    alfworld = ["go to bed 1", "go to desk 1", "take cd 1 from drawer 1"]
+    prompt = build_prompt("alfworld", "look at laptop under the desklamp", "You open the drawer 1.", alfworld,
+                          [PastTurn("You arrive at drawer 1.", "open drawer 1")], 1)
+    assert listed_actions(prompt) == alfworld
+    webshop = ["search[red shoes]", "click[b0123]", "click[buy now]"]
+    assert listed_actions(build_prompt("webshop", "red shoes", "Search", webshop, [], 0)) == webshop
+    assert listed_actions("no list here") == []
 
 
 def test_first_step_has_no_history_block():
