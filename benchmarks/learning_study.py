@@ -120,6 +120,8 @@ class StudyConfig:
     """Decay the SFT learning rate linearly towards 0 (as DemoConfig)."""
     sft_prompt_loss_weight: float = 0.0
     """Also fit the prompt tokens at this weight (as DemoConfig; trainer_client.sft.sft)."""
+    sft_mistake_rate: float = 0.0
+    """Expert steps replaced by a recovered-from mistake (as DemoConfig; trainer_client.experts)."""
     estimate_iterations: int = 2
     """RL iterations per algorithm that --estimate times."""
     rl: TrainConfig = field(default_factory=TrainConfig)
@@ -246,7 +248,8 @@ async def warm_start(pool: EnvPool, cfg: StudyConfig, seed: int, tasks: Mapping[
         started = time.perf_counter()
         train_ids = sorted(await pool.list_tasks(cfg.env, cfg.train_split))
         sft_ids = random.Random(seed).sample(train_ids, min(cfg.sft_episodes, len(train_ids)))
-        experts = await expert_episodes(pool, cfg.env, cfg.train_split, sft_ids, seed)
+        experts = await expert_episodes(pool, cfg.env, cfg.train_split, sft_ids, seed,
+                                        mistake_rate=cfg.sft_mistake_rate)
         expert_s = time.perf_counter() - started
         texts = [text for pair in expert_texts(experts, cfg.rl.prompt) for text in pair]
         policy = Policy.load(build_tiny_checkpoint(texts, out / "base", size=cfg.model_size, seed=seed))

@@ -52,6 +52,8 @@ class DemoConfig:
     """Decay the SFT learning rate linearly towards 0 (after warm-up): a better fit for the same steps."""
     sft_prompt_loss_weight: float = 0.0
     """Also fit the prompt tokens at this weight (trainer_client.sft.sft): the tiny model learns the env's text."""
+    sft_mistake_rate: float = 0.0
+    """Share of expert steps replaced by a mistake the expert then recovers from (trainer_client.experts)."""
     eval_episodes: int = 64
     seed: int = 0
     rl: TrainConfig = field(default_factory=TrainConfig)
@@ -139,9 +141,11 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
             eval_ids = sorted(await pool.list_tasks(cfg.env, cfg.eval_split))[:cfg.eval_episodes]
             rng = random.Random(cfg.seed)
             sft_ids = rng.sample(train_ids, min(cfg.sft_episodes, len(train_ids)))
-            experts = await expert_episodes(pool, cfg.env, cfg.train_split, sft_ids, cfg.seed)
-            note(f"expert play: {len(experts)} episodes, {sum(len(e.turns) for e in experts)} turns, "
-                 f"{sum(e.won for e in experts)} won")
+            experts = await expert_episodes(pool, cfg.env, cfg.train_split, sft_ids, cfg.seed,
+                                            mistake_rate=cfg.sft_mistake_rate)
+            mistakes = sum(not t.by_expert for e in experts for t in e.turns)
+            note(f"expert play: {len(experts)} episodes, {sum(len(e.turns) for e in experts)} turns"
+                 f"{f' ({mistakes} of them mistakes)' if mistakes else ''}, {sum(e.won for e in experts)} won")
 
             # A tokenizer trained on the env's own text, and a tiny random-init model: nothing to download.
             texts = [t for pair in expert_texts(experts, cfg.rl.prompt) for t in pair]

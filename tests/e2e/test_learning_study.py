@@ -348,7 +348,7 @@ def test_the_study_mirrors_the_demo(study):
     demo = config.load(DemoConfig, ROOT / "configs" / "demo.yaml")
     study_cfg = config.load(study.StudyConfig, ROOT / "configs" / "study.yaml")
     for key in ("env", "train_split", "server_args", "model_size", "sft_episodes", "sft_epochs", "sft_lr",
-                "sft_batch_turns", "sft_lr_decay", "sft_prompt_loss_weight"):
+                "sft_batch_turns", "sft_lr_decay", "sft_prompt_loss_weight", "sft_mistake_rate"):
         assert getattr(study_cfg, key) == getattr(demo, key), key
     assert study_cfg.eval_splits[0] == demo.eval_split and study_cfg.eval_episodes[demo.eval_split] >= 300
     differ = study.changed_settings(config.to_dict(demo.rl), config.to_dict(study_cfg.rl))
