@@ -316,9 +316,10 @@ def changed_settings(old: Mapping, new: Mapping, prefix: str = "") -> list[str]:
 
 
 def stale_settings(saved: Path, cfg: StudyConfig) -> list[str]:
-    """Settings of the study saved in `saved` (a study.yaml) that differ from `cfg` and make its runs stale."""
-    return [key for key in changed_settings(yaml.safe_load(saved.read_text()), config.to_dict(cfg))
-            if key.split(".")[0] not in RESUMABLE_CHANGES]
+    """Settings of the study saved in `saved` (a study.yaml) that differ from `cfg` and make its runs stale.
+    A setting added to StudyConfig after the save reads as its default there: the default is what those runs did."""
+    old = config.to_dict(config.from_dict(StudyConfig, yaml.safe_load(saved.read_text())))
+    return [key for key in changed_settings(old, config.to_dict(cfg)) if key.split(".")[0] not in RESUMABLE_CHANGES]
 
 
 def prepare_out_dir(cfg: StudyConfig) -> Path:

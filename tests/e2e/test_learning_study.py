@@ -355,3 +355,15 @@ def test_the_study_mirrors_the_demo(study):
     assert set(differ) <= {"algo", "iterations", "save_every", "optim.critic_lr"}, differ
     assert study_cfg.rl.iterations >= 48 and len(study_cfg.seeds) >= 3 and len(study_cfg.eval_seeds) >= 2
     assert yaml.safe_load((ROOT / "configs" / "study.yaml").read_text())["rl"].get("algo") is None
+
+
+def test_a_setting_added_after_a_save_reads_as_its_default(study, tmp_path):
+    cfg = config.load(study.StudyConfig, ROOT / "configs" / "study.yaml")
+    saved_tree = config.to_dict(cfg)
+    del saved_tree["sft_mistake_rate"]                      # saved before the setting existed
+    saved = tmp_path / "study.yaml"
+    saved.write_text(yaml.safe_dump(saved_tree, sort_keys=False))
+    assert study.stale_settings(saved, cfg) == []
+    changed = dataclasses.replace(cfg, sft_mistake_rate=0.2)
+    assert study.stale_settings(saved, changed) == ["sft_mistake_rate"]
+    assert study.stale_settings(saved, dataclasses.replace(cfg, sft_epochs=cfg.sft_epochs + 1)) == ["sft_epochs"]
