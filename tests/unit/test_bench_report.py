@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
@@ -249,3 +250,17 @@ def test_demo_failures_counts_unlisted_actions():
     # Five of the six unlisted actions were answered "Nothing happens." (the last has no answer); the first
     # rejection answered the listed "go to desk 1".
     assert stats["rejected_unlisted_share"] == pytest.approx(5 / 6)
+
+
+def test_value_readout_probe_separates_a_linear_signal_from_noise():
+    probe = load("value_readout_probe")
+    assert probe.discounted_returns([0.0, 0.0, 1.0], 0.5) == [0.25, 0.5, 1.0]
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(800, 16, generator=generator)
+    episode = torch.arange(800) // 10
+    linear = features @ torch.randn(16, generator=generator) + 0.3
+    _, held_out = probe.held_out_explained_variance(features, linear, episode, strength=0.01)
+    assert held_out > 0.99
+    noise = torch.randn(800, generator=generator)
+    train, held_out = probe.held_out_explained_variance(features, noise, episode, strength=0.01)
+    assert train > 0 and held_out < 0.05        # fits its own noise a little, predicts none of the rest
