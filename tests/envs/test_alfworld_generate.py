@@ -119,11 +119,3 @@ def test_at_least_95_percent_of_attempts_pass_the_expert_and_every_task_type_app
     assert report.pass_rate() >= 0.95, dict(report.attempts)
     assert all(report.kept[task_type] > 0 for task_type in TASK_TYPES)
     assert Counter(games.task_type_of(p.relative_to(tmp_path).as_posix()) for p in tmp_path.glob("*/*")) == report.kept
-
-
-def test_parallel_generation_writes_exactly_the_games_one_process_writes(tmp_path):
-    one = generate.generate_split(tmp_path / "one", 9, seed=5, workers=1)
-    two = generate.generate_split(tmp_path / "two", 9, seed=5, workers=2)
-    assert (one.attempts, one.kept) == (two.attempts, two.kept)
-    assert file_tree(tmp_path / "one") == file_tree(tmp_path / "two")
-    assert len(list((tmp_path / "two").glob("*/*"))) == 9   # nothing played ahead was left behind
