@@ -25,6 +25,7 @@ from torch import Tensor
 from benchlib import add_demo_config_args, load_demo_config
 from demo_failures import play
 from trainer_client.algorithms import explained_variance
+from trainer_client.algorithms.advantages import reverse_discounted_sum
 from trainer_client.experience import pad_id, turn_samples
 from trainer_client.policy import Policy, TokenBatch
 from trainer_client.policy.model import final_hidden_states, gather_positions
@@ -35,12 +36,9 @@ RIDGE = (0.01, 0.1, 1.0, 10.0, 100.0)
 
 
 def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
-    """G_t = r_t + gamma * G_{t+1}, from the last turn back."""
-    returns, running = [0.0] * len(rewards), 0.0
-    for t in reversed(range(len(rewards))):
-        running = rewards[t] + gamma * running
-        returns[t] = running
-    return returns
+    """G_t = r_t + gamma * G_{t+1}, from the last turn back (the estimators' own discounted sum)."""
+    row = torch.tensor([list(rewards)], dtype=torch.float64)
+    return reverse_discounted_sum(row, torch.ones_like(row, dtype=torch.bool), gamma)[0].tolist()
 
 
 def ridge_fit(features: Tensor, targets: Tensor, strength: float) -> Tensor:

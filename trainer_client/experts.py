@@ -4,7 +4,7 @@
 Expert play follows `info["expert_action"]`, which ALFWorld, WebShop and the toy env all provide. SFT
 (trainer_client/sft.py), the demo and the tiny-model tokenizer (trainer_client/cli.py) learn from these.
 
-With `mistakes` > 0, expert play makes a mistake at that share of its steps (DART-style noise) and the expert
+With `mistake_rate` > 0, expert play makes a mistake at that share of its steps (DART-style noise) and the expert
 replans from where the mistake led: the episodes then show recoveries, which clean expert play never does.
 A mistake is, half the time, an action the game does not list in this state but listed in another room (what
 a small model's wrong copies look like: "go to shelf 1" where there is no shelf; the game answers "Nothing

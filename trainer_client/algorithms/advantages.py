@@ -46,7 +46,7 @@ def _next_values(values: Tensor, mask: Tensor, bootstrap: Tensor) -> Tensor:
     return torch.where(_last_real(mask), bootstrap.to(values).unsqueeze(-1), _shift_left(values))
 
 
-def _reverse_discounted_sum(x: Tensor, mask: Tensor, discount: float) -> Tensor:
+def reverse_discounted_sum(x: Tensor, mask: Tensor, discount: float) -> Tensor:
     """out_t = x_t + discount * out_{t+1} over each row's real entries; zero on padding."""
     out = torch.zeros_like(x)
     running = torch.zeros_like(x[..., 0])
@@ -84,7 +84,7 @@ def turn_gae(rewards: Tensor, values: Tensor, mask: Tensor, terminated: Tensor, 
     _check_turn_inputs(rewards, values, mask, terminated, last_values, gamma, lam)
     next_values = _next_values(values, mask, _bootstrap(terminated, last_values))
     deltas = rewards + gamma * next_values - values
-    advantages = _reverse_discounted_sum(deltas, mask, gamma * lam)
+    advantages = reverse_discounted_sum(deltas, mask, gamma * lam)
     return advantages, torch.where(mask, advantages + values, 0.0)
 
 
@@ -103,7 +103,7 @@ def two_boundary_gae(rewards: Tensor, values: Tensor, q_values: Tensor, mask: Te
     next_values = _next_values(values, mask, _bootstrap(terminated, last_values))
     action_deltas = q_values - values
     env_deltas = rewards + gamma * next_values - q_values
-    return _reverse_discounted_sum(action_deltas + lam_a * env_deltas, mask, lam_a * gamma * lam)
+    return reverse_discounted_sum(action_deltas + lam_a * env_deltas, mask, lam_a * gamma * lam)
 
 
 def batch_normalize(advantages: Tensor, mask: Tensor, eps: float = 1e-8, std_floor: float = 0.0) -> Tensor:
@@ -344,7 +344,7 @@ def gigpo(batch: TurnBatch, cfg: AdvantageConfig) -> Advantages:
     """
     divide_by_std = cfg.gigpo_mode == "mean_std_norm"
     episode_level = _grpo_turn_advantages(batch, cfg, divide_by_std)
-    step_returns = _reverse_discounted_sum(batch.rewards, batch.mask, cfg.gigpo_gamma) - batch.penalties
+    step_returns = reverse_discounted_sum(batch.rewards, batch.mask, cfg.gigpo_gamma) - batch.penalties
     anchor_keys = torch.cat([_task_group_keys(batch), batch.anchor_ids.reshape(-1, 1)], dim=1)
     step_level = _group_relative(step_returns.reshape(-1), anchor_keys, batch.mask.reshape(-1),
                                  divide_by_std=divide_by_std, eps=cfg.grpo_eps, verl_singletons=False)
