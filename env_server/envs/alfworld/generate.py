@@ -5,7 +5,7 @@ its receptacles' ids and poses, its floor grid); what fits where and what can be
 or toggled from alfworld.gen.constants; goals and task sentences from alfworld.gen.goal_library. A game
 is kept only if the handcoded expert wins it (expert seed 0) through the engine the env plays it with.
 
-    python -m env_server.envs.alfworld.generate --out DIR --n N --seed S [--size small|medium|full]
+    python -m env_server.envs.alfworld.generate --out DIR --n N --seed S [--size small|medium|full] [--workers W]
 
 DIR becomes one split: serve it by placing it at $ALFWORLD_DATA/json_2.1.1/<split name>.
 """
@@ -18,11 +18,15 @@ import fcntl
 import functools
 import hashlib
 import json
+import multiprocessing
+import os
 import random
 import shutil
+import subprocess
 import sys
-from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections import Counter, deque
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from importlib import metadata, resources
 from pathlib import Path
@@ -36,7 +40,8 @@ from env_server.envs.alfworld.engine import ENGINES, EXPERT_MAX_STEPS, Engine, E
 from env_server.envs.alfworld.games import GAME_FILE, MANIFEST_FILE, SPLIT_ROOT, TRAJ_FILE
 
 # Bump when a change to this file changes the games a seed gives: cached splits are keyed on it.
-GENERATOR_VERSION = 1
+# v2: games are verified under a fixed hash seed (v1's depended on the generating process's).
+GENERATOR_VERSION = 2
 TASK_TYPES = (
     "pick_and_place_simple",
     "look_at_obj_in_light",
@@ -50,6 +55,9 @@ VERIFY_TURNS = EXPERT_MAX_STEPS
 EXPERT_SEED = 0
 # Attempts allowed per game asked for before giving up on a split (the expert passes >= 95%).
 MAX_ATTEMPTS_PER_GAME = 3
+# The handcoded expert searches receptacles in set order, which follows the hash seed, and a few games pass
+# or fail its turn limit by that order: verification runs where hashing is not randomized.
+VERIFY_HASH_SEED = "0"
 
 # ---- facts from the alfworld wheel --------------------------------------------------------------------
 RECEPTACLE_TYPES = frozenset(constants.RECEPTACLES) - frozenset(constants.MOVABLE_RECEPTACLES)
@@ -394,45 +402,114 @@ class GenerationReport:
         return self.kept[task_type] / max(1, self.attempts[task_type])
 
 
-def generate_split(out: Path, n: int, seed: int, size: str = "small") -> GenerationReport:
-    """Write `n` expert-verified games into `out` (a split folder); attempt i plays task type i mod 6."""
+def generate_split(out: Path, n: int, seed: int, size: str = "small", workers: int = 1) -> GenerationReport:
+    """Write `n` expert-verified games into `out` (a split folder); attempt i plays task type i mod 6.
+
+    The kept games are the first n attempts (in attempt order) whose game the expert wins. Nothing else
+    decides them: not `workers` (more processes play attempts ahead and the surplus is discarded), nor this
+    process's hash seed (where it is not VERIFY_HASH_SEED, a child process with it generates the split).
+    """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    game_size = SIZES[size]
+    if not hashing_is_fixed():
+        return _generate_in_child(out, n, seed, size, workers)
     report = GenerationReport(Counter(), Counter())
-    engine = ENGINES.acquire()
+    attempts = _attempts_in_order(out, seed, size, n * MAX_ATTEMPTS_PER_GAME, workers)
     try:
-        for attempt in range(n * MAX_ATTEMPTS_PER_GAME):
+        for task_type, kept, _ in attempts:
+            report.attempts[task_type] += 1
+            report.kept[task_type] += kept
             if sum(report.kept.values()) == n:
                 break
-            task_type = TASK_TYPES[attempt % len(TASK_TYPES)]
-            rng = random.Random(f"limen-alfworld:{seed}:{attempt}")
-            game = sample_game(task_type, rng, game_size, trial_id=f"trial_gen_s{seed}_{attempt:06d}")
-            report.attempts[task_type] += 1
-            if _write_if_solvable(engine, out / game.task_dir / game.trial_id, game, seed):
-                report.kept[task_type] += 1
     finally:
-        ENGINES.release(engine)
+        attempts.close()   # waits for attempts played ahead and removes what they wrote
     if sum(report.kept.values()) < n:
         raise RuntimeError(f"only {sum(report.kept.values())} of {n} games passed the expert in {n * MAX_ATTEMPTS_PER_GAME} attempts")
     description = f"{n} generated ALFWorld games (size={size}, seed={seed}, limen generator v{GENERATOR_VERSION})"
-    manifest = {"description": description, "n": n, "seed": seed, "size": size, "size_limits": asdict(game_size),
+    manifest = {"description": description, "n": n, "seed": seed, "size": size, "size_limits": asdict(SIZES[size]),
                 "verify_turns": VERIFY_TURNS, "expert_seed": EXPERT_SEED,
                 "attempts": dict(report.attempts), "kept": dict(report.kept)}
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
     return report
 
 
+def hashing_is_fixed() -> bool:
+    """Whether this process and the processes it spawns hash with VERIFY_HASH_SEED."""
+    return sys.flags.hash_randomization == 0 and os.environ.get("PYTHONHASHSEED") == VERIFY_HASH_SEED
+
+
+def _generate_in_child(out: Path, n: int, seed: int, size: str, workers: int) -> GenerationReport:
+    """generate_split in a child process that hashes with VERIFY_HASH_SEED; its report is read from the manifest."""
+    command = [sys.executable, "-m", __spec__.name, "--out", str(out), "--n", str(n), "--seed", str(seed),
+               "--size", size, "--workers", str(workers)]
+    child = subprocess.run(command, env=os.environ | {"PYTHONHASHSEED": VERIFY_HASH_SEED},
+                           capture_output=True, text=True)
+    if child.returncode != 0:
+        raise RuntimeError(f"generating {n} games (seed {seed}) failed in {' '.join(command)}:\n{child.stderr[-2000:]}")
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    return GenerationReport(Counter(manifest["attempts"]), Counter(manifest["kept"]))
+
+
+def play_attempt(out: Path, seed: int, size: str, attempt: int) -> tuple[str, bool, Path]:
+    """Attempt `attempt` of a split: sample its game and keep it on disk if the expert wins it.
+    Returns (task type, kept, the trial folder)."""
+    task_type = TASK_TYPES[attempt % len(TASK_TYPES)]
+    rng = random.Random(f"limen-alfworld:{seed}:{attempt}")
+    game = sample_game(task_type, rng, SIZES[size], trial_id=f"trial_gen_s{seed}_{attempt:06d}")
+    trial_dir = out / game.task_dir / game.trial_id
+    engine = ENGINES.acquire()
+    try:
+        return task_type, _write_if_solvable(engine, trial_dir, game, seed), trial_dir
+    finally:
+        ENGINES.release(engine)
+
+
+def _attempts_in_order(out: Path, seed: int, size: str, total: int,
+                       workers: int) -> Generator[tuple[str, bool, Path], None, None]:
+    """`play_attempt` for attempts 0, 1, ... in order; with workers > 1, up to 2 x workers are played ahead
+    in spawned processes (the engine is not fork-safe inside a threaded server). Closing the generator
+    discards the attempts played ahead."""
+    if workers <= 1:
+        for attempt in range(total):
+            yield play_attempt(out, seed, size, attempt)
+        return
+    ahead: deque[Future] = deque()
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        try:
+            for attempt in range(total):
+                ahead.append(pool.submit(play_attempt, out, seed, size, attempt))
+                if len(ahead) >= 2 * workers:
+                    yield ahead.popleft().result()
+            while ahead:
+                yield ahead.popleft().result()
+        finally:
+            for future in ahead:
+                _, kept, trial_dir = future.result()
+                if kept:
+                    _remove_trial(trial_dir)
+
+
+def _remove_trial(trial_dir: Path) -> None:
+    shutil.rmtree(trial_dir)
+    try:
+        trial_dir.parent.rmdir()   # the goal folder, once no trial of it is left
+    except OSError:
+        pass                       # another trial of the same goal lives there (or is being written)
+
+
 def _write_if_solvable(engine: Engine, trial_dir: Path, game: Game, seed: int) -> bool:
-    trial_dir.mkdir(parents=True, exist_ok=True)
+    for _ in range(3):   # a parallel attempt may remove the shared goal folder between its mkdir and ours
+        try:
+            trial_dir.mkdir(parents=True, exist_ok=True)
+            break
+        except FileNotFoundError:
+            continue
     (trial_dir / TRAJ_FILE).write_text(json.dumps(traj_data(game, seed), indent=1))
     game_file = trial_dir / GAME_FILE
     game_file.write_text(json.dumps(game_file_data(game, None)))
     walkthrough = expert_walkthrough(engine, game_file)
     if walkthrough is None:
-        shutil.rmtree(trial_dir)
-        if not any(trial_dir.parent.iterdir()):
-            trial_dir.parent.rmdir()
+        _remove_trial(trial_dir)
         return False
     game_file.write_text(json.dumps(game_file_data(game, walkthrough)))
     return True
@@ -461,9 +538,14 @@ def _generated_root(cache_root: Path, splits: tuple[tuple[str, SplitSpec], ...])
             partial = split_dir.with_name(f".{name}.partial")
             shutil.rmtree(partial, ignore_errors=True)
             print(f"alfworld: generating {spec.n} {spec.size} games for split {name} in {root}", file=sys.stderr)
-            generate_split(partial, spec.n, spec.seed, spec.size)
+            generate_split(partial, spec.n, spec.seed, spec.size, workers=generation_workers())
             partial.rename(split_dir)
     return root
+
+
+def generation_workers() -> int:
+    """Processes that generate a split: the CPUs this process may use, at most 8."""
+    return min(8, len(os.sched_getaffinity(0)))
 
 
 @contextlib.contextmanager
@@ -483,8 +565,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n", type=int, required=True, help="games to keep")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--workers", type=int, default=1, help="processes (the games do not depend on it)")
     args = parser.parse_args(argv)
-    report = generate_split(args.out, args.n, args.seed, args.size)
+    report = generate_split(args.out, args.n, args.seed, args.size, args.workers)
     for task_type in TASK_TYPES:
         print(f"{task_type:32s} kept {report.kept[task_type]:4d} of {report.attempts[task_type]:4d} attempts "
               f"({100 * report.pass_rate(task_type):.1f}%)")
