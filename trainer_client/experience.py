@@ -79,6 +79,41 @@ def policy_readout(policy, samples: Sequence[TurnSample], micro_batch_tokens: in
                    torch.zeros_like(r["log_probs"]))
 
 
+def sampler_readout(episodes: Sequence[EpisodeRecord], needs: EstimatorNeeds) -> Readout | None:
+    """The readout the sampler already made while drawing the turns: its log-probs (at the sampling
+    temperature), its entropies and V from the prefill's reserved logit. None where it lacks something
+    `needs` asks for, and always for Q: Q is read at the last response token, which generation never feeds
+    back through the model."""
+    turns = [t for e in episodes for t in e.turns]
+    lacking = ((needs.values is ValueSource.BOUNDARY and any(t.sampled_value is None for t in turns))
+               or (needs.entropy and any(len(t.sampled_entropies) != len(t.response_ids) for t in turns)))
+    if needs.q_values or lacking:
+        return None
+    width = max(len(t.response_ids) for t in turns)
+    log_probs, entropy = torch.zeros(len(turns), width), torch.zeros(len(turns), width)
+    response_mask = torch.zeros(len(turns), width, dtype=torch.bool)
+    for row, turn in enumerate(turns):
+        n = len(turn.response_ids)
+        log_probs[row, :n] = torch.tensor(turn.sampled_log_probs)
+        response_mask[row, :n] = True
+        if turn.sampled_entropies:
+            entropy[row, :n] = torch.tensor(turn.sampled_entropies)
+    values = torch.tensor([t.sampled_value or 0.0 for t in turns])
+    return Readout(log_probs, entropy, response_mask, values, torch.zeros(len(turns)), torch.zeros_like(log_probs))
+
+
+def readout_drift(sampled: Readout, old: Readout, needs: EstimatorNeeds) -> dict[str, float]:
+    """Mean |sampler's - learner's| log-prob per response token, and V per turn where the estimator reads it:
+    near 0 when generation and learning run the same weights at the same temperature (a stale or
+    mismatched sampler, e.g. another dtype, shows up here)."""
+    mask = old.response_mask
+    log_prob_drift = ((old.log_probs - sampled.log_probs).abs() * mask).sum() / mask.sum().clamp(min=1)
+    drift = {"policy/sampler_drift": float(log_prob_drift)}
+    if needs.values is ValueSource.BOUNDARY:
+        drift["values/sampler_drift"] = float((old.values - sampled.values).abs().mean())
+    return drift
+
+
 def critic_readout(critic, samples: Sequence[TurnSample], pad: int, micro_batch_tokens: int) -> Tensor:
     """[N, L]: the critic's value before each response token; column 0 is its turn value V(s_t)."""
     return read(samples, lambda batch: {"token_values": critic(batch)}, pad, micro_batch_tokens)["token_values"]

@@ -14,9 +14,11 @@ import torch
 
 from trainer_client import distributed
 from trainer_client.algorithms import (
-    Advantages, EstimatorNeeds, ValueSource, explained_variance, get_estimator, masked_mean,
+    Advantages, EstimatorNeeds, ValueSource, explained_variance, get_estimator,
 )
-from trainer_client.experience import critic_readout, pad_id, policy_readout, turn_batch, turn_samples
+from trainer_client.experience import (
+    Readout, critic_readout, pad_id, policy_readout, readout_drift, sampler_readout, turn_batch, turn_samples,
+)
 from trainer_client.policy import Critic, Policy, TurnSample
 from trainer_client.rollout import EpisodeRecord
 from trainer_client.timing import Timer
@@ -34,6 +36,9 @@ class Learner:
     reference: Policy | None = None
     critic: Critic | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
+    # Whether the sampler's readout equals this learner's own, so the old-policy pass can be skipped:
+    # None until the first learn() compares them (a sampler in another dtype, or vLLM's kernels, differ).
+    sampler_readout_exact: bool | None = None
 
     @property
     def pad(self) -> int:
@@ -107,13 +112,26 @@ def train_critic(learner: Learner, samples, batch, advantages: Advantages, criti
                          pad_id=learner.pad, select=select)
 
 
-def sampler_drift(episodes: list[EpisodeRecord], old) -> dict[str, float]:
-    """Mean |log-prob the sampler drew each token with - the learner's old log-prob|: near 0 when generation
-    and learning see the same weights at temperature 1 (a stale or mismatched sampler shows up here)."""
-    sampled = torch.zeros_like(old.log_probs)
-    for row, turn in enumerate(t for e in episodes for t in e.turns):
-        sampled[row, :len(turn.sampled_log_probs)] = torch.tensor(turn.sampled_log_probs, dtype=sampled.dtype)
-    return {"policy/sampler_drift": float(masked_mean((old.log_probs - sampled).abs(), old.response_mask))}
+# Mean absolute difference (log-prob per token, V per turn) below which the sampler's readout is the learner's.
+SAMPLER_READOUT_TOLERANCE = 1e-4
+
+
+def old_policy_readout(learner: Learner, episodes: list[EpisodeRecord], samples, needs, cfg: TrainConfig,
+                       timer: Timer) -> tuple[Readout, dict[str, float]]:
+    """Old log-probs, entropies, V and Q: the sampler's, once the first iteration has shown they are this
+    learner's own (it then skips a full no-grad pass per iteration), else a pass of the policy. Each
+    recomputed readout also logs its drift from the sampler's."""
+    sampled = sampler_readout(episodes, needs)
+    if sampled is not None and learner.sampler_readout_exact:
+        return sampled, {}
+    with timer("old_log_prob"):  # at the sampling temperature, as the sampler drew the tokens
+        old = policy_readout(learner.policy, samples, cfg.optim.micro_batch_tokens, cfg.rollout.temperature)
+    if sampled is None:   # the log-probs alone (every backend reports them)
+        return old, readout_drift(sampler_readout(episodes, EstimatorNeeds()), old, EstimatorNeeds())
+    drift = readout_drift(sampled, old, needs)
+    if learner.sampler_readout_exact is None:
+        learner.sampler_readout_exact = max(drift.values()) <= SAMPLER_READOUT_TOLERANCE
+    return old, drift
 
 
 def value_metrics(batch, advantages: Advantages, needs) -> dict[str, float]:
@@ -142,9 +160,8 @@ def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, tim
     samples, tokens = turn_samples(episodes), cfg.optim.micro_batch_tokens
 
     # 2. Readout (no grad): old log-probs, entropy, and V, Q from the policy's own backbone. A stage an
-    #    algorithm does not have is not entered, so its time stays exactly 0.
-    with timer("old_log_prob"):  # at the sampling temperature, as the sampler drew the tokens
-        old = policy_readout(learner.policy, samples, tokens, cfg.rollout.temperature)
+    #    algorithm does not have (or skips) is not entered, so its time stays exactly 0.
+    old, drift = old_policy_readout(learner, episodes, samples, needs, cfg, timer)
     ref = critic_values = last_values = None
     if learner.reference is not None:
         with timer("ref"):
@@ -161,7 +178,7 @@ def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, tim
         batch = turn_batch(episodes, old, needs, critic_values, last_values, cfg.advantage.anchor_similarity)
         advantages = estimator(batch, cfg.advantage)
         targets = update_targets(batch, advantages, old, ref, needs)
-    metrics = value_metrics(batch, advantages, needs) | sampler_drift(episodes, old)
+    metrics = value_metrics(batch, advantages, needs) | drift
 
     # 4. Updates: a separate critic on its own, then the actor (+ V and Q with the readout).
     if learner.critic is not None:

@@ -48,6 +48,8 @@ class Turn:
     penalty: float         # format penalty of this turn (>= 0)
     reward: float          # env reward after the action
     truncated_reply: bool  # the response hit max_new_tokens
+    sampled_entropies: tuple[float, ...] = ()   # what the sampler also read (Completion): see sampler_readout
+    sampled_value: float | None = None
 
 
 @dataclass
@@ -217,7 +219,7 @@ async def play_episode(pool: EnvPool, batcher: GenerationBatcher, tokenizer, tas
                 record.turns.append(Turn(
                     prompt_ids, completion.token_ids, completion.log_probs, observation, parsed.action,
                     parsed.valid, format_penalty(parsed, prompts), transition.reward,
-                    completion.finish_reason == "length",
+                    completion.finish_reason == "length", completion.entropies, completion.value,
                 ))
                 history.append(PastTurn(observation, parsed.action))
             record.terminated, record.truncated = transition.terminated, transition.truncated

@@ -66,8 +66,14 @@ def check_run(name: str, rows: list[dict], run_dir: Path, model: Path, iteration
         assert ("loss/value" in row) == ("values/grad_norm" in row) == (name == "boundary")
         assert "loss/q_value" not in row   # the default advantage (gae_v) reads no Q, so Q is not trained
         assert ("critic/loss" in row) == reads_critic
-        # Rollouts come from the weights being trained: the sampler's log-probs are the learner's (T = 1).
-        assert row["policy/sampler_drift"] < 1e-4, row["policy/sampler_drift"]
+        # Rollouts come from the weights being trained: the sampler's readout (log-probs at T = 1, entropies, V)
+        # is the learner's, checked on the first iteration; later ones take it and skip the old-policy pass.
+        if row["iteration"] == 0:
+            assert row["policy/sampler_drift"] < 1e-4, row["policy/sampler_drift"]
+            assert ("values/sampler_drift" in row) == (name == "boundary")
+            assert row.get("values/sampler_drift", 0.0) < 1e-4, row["values/sampler_drift"]
+        else:
+            assert "policy/sampler_drift" not in row and row["time/old_log_prob"] == 0
 
     checkpoint = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
     before, after = load_file(model / "model.safetensors"), load_file(checkpoint / "policy" / "model.safetensors")
@@ -98,6 +104,19 @@ def test_every_algorithm_trains_two_iterations(name, toy_model, toy_server, tmp_
     check_run(name, rows, tmp_path, toy_model, iterations=2, episodes=16)
     # The reference path: after an iteration of updates at lr 1e-3 the policy has left its start.
     assert rows[-1]["loss/kl"] > 0
+
+
+@pytest.mark.parametrize("sampler_dtype", ["float32", "bfloat16"])
+def test_the_samplers_readout_replaces_the_old_policy_pass_only_where_it_is_the_learners(
+        sampler_dtype, toy_model, toy_server, tmp_path):
+    """A sampler sharing the fp32 policy reads what the learner would; a bf16 copy does not, and the learner
+    keeps its own pass (and logs the drift every iteration)."""
+    overrides = ["algo=boundary"] + (["generation.dtype=bfloat16"] if sampler_dtype == "bfloat16" else [])
+    first, second = run_training(toy_model, toy_server, tmp_path, overrides, iterations=2, episodes=8)[0]
+    reused = sampler_dtype == "float32"
+    assert first["time/old_log_prob"] > 0
+    assert (max(first["policy/sampler_drift"], first["values/sampler_drift"]) < 1e-4) == reused
+    assert (second["time/old_log_prob"] == 0) == ("values/sampler_drift" not in second) == reused
 
 
 def test_unequal_episode_counts_are_refused(toy_model, tmp_path):

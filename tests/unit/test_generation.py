@@ -55,17 +55,30 @@ def test_reserved_ids_are_never_generated_after_the_rows_were_trained_large(poli
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_sampled_log_probs_equal_the_policy_forward(policy, temperature):
-    prompts = prompts_of(policy, 6)
+def test_sampled_log_probs_entropies_and_v_equal_the_policy_forward(policy, temperature):
+    """What the learner may take from the sampler instead of its own no-grad pass (learner.old_policy_readout)."""
+    samples = turn_samples(policy, 6)
+    train_value_rows(policy, samples, target=3.0, steps=10)   # V far from its zero start, different per prompt
+    prompts = [s.prompt_ids for s in samples]
     backend = TransformersBackend.from_policy(policy)
     completions = backend.generate(prompts, SamplingConfig(max_new_tokens=10, temperature=temperature, seed=1))
     batch = TokenBatch.from_samples([TurnSample(p, c.token_ids) for p, c in zip(prompts, completions)],
                                     policy.tokenizer.pad_token_id)
     with torch.no_grad():
         out = policy(batch, temperature=temperature)
+    assert out.values.std() > 0.01
+    torch.testing.assert_close(torch.tensor([c.value for c in completions]), out.values, atol=1e-4, rtol=0)
     for row, completion in enumerate(completions):
-        torch.testing.assert_close(out.log_probs[row, :len(completion.token_ids)],
-                                   torch.tensor(completion.log_probs), atol=1e-5, rtol=0)
+        n = len(completion.token_ids)
+        torch.testing.assert_close(out.log_probs[row, :n], torch.tensor(completion.log_probs), atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.entropy[row, :n], torch.tensor(completion.entropies), atol=1e-5, rtol=0)
+
+
+def test_a_backend_without_the_value_row_reports_no_v(policy):
+    backend = TransformersBackend.from_policy(policy)
+    no_v = TransformersBackend(backend.model, backend.n_policy_tokens, backend.stop_ids, backend.pad_id)
+    completion, = no_v.generate(prompts_of(policy, 1), SamplingConfig(max_new_tokens=4, seed=0))
+    assert completion.value is None and len(completion.entropies) == len(completion.token_ids)
 
 
 def test_left_padding_does_not_change_greedy_output(policy):

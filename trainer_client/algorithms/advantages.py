@@ -404,6 +404,7 @@ class EstimatorNeeds:
     """What the training loop must provide for one estimator under one config."""
 
     values: ValueSource = ValueSource.NONE
+    q_values: bool = False  # the boundary readout's Q: only advantage modes that read it
     last_values: bool = False  # V of the final observation of every truncated episode
     anchor_ids: bool = False  # see batch.assign_anchor_ids
     entropy: bool = False  # mean token entropy of each turn's response under the old policy
@@ -439,7 +440,7 @@ GROUP_SIZE = 8  # verl-agent's 16 tasks x 8 rollouts for the group baselines; ou
 
 ADVANTAGE_ESTIMATORS: dict[str, Estimator] = {estimator.name: estimator for estimator in (
     Estimator("boundary", boundary, lambda cfg: EstimatorNeeds(
-        values=ValueSource.BOUNDARY, last_values=cfg.bootstrap_truncated)),
+        values=ValueSource.BOUNDARY, q_values=cfg.adv_mode != "gae_v", last_values=cfg.bootstrap_truncated)),
     Estimator("ppo_critic", ppo_critic, lambda cfg: EstimatorNeeds(
         values=ValueSource.CRITIC_TOKEN if cfg.ppo_critic_form == "verl" else ValueSource.CRITIC_TURN,
         last_values=cfg.ppo_critic_form == "turn" and cfg.bootstrap_truncated)),

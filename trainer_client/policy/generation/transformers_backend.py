@@ -16,7 +16,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from trainer_client.policy.chat import stop_token_ids
 from trainer_client.policy.generation.base import Completion, GenerationBackend, SamplingConfig, row_seeds
-from trainer_client.policy.logits import policy_log_probs, top_p_filter
+from trainer_client.policy.logits import entropy_from_log_probs, policy_log_probs, top_p_filter
 from trainer_client.policy.model import Policy
 
 # The KV cache's name in forward() and its output: `cache` in transformers 5.24; `past_key_values` in
@@ -51,7 +51,11 @@ def sample_next(logits: Tensor, n_policy_tokens: int, sampling: SamplingConfig,
     """logits [B, V] -> (token ids [B], their log-probs [B]); ids >= n_policy_tokens cannot come out.
 
     uniforms [B]: one draw in [0, 1) per row (None: from torch's global generator); unused when greedy."""
-    log_probs = policy_log_probs(logits, n_policy_tokens, sampling.temperature)       # [B, n]
+    return draw(policy_log_probs(logits, n_policy_tokens, sampling.temperature), sampling, uniforms)
+
+
+def draw(log_probs: Tensor, sampling: SamplingConfig, uniforms: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The policy's log-probs [B, n] -> (token ids [B], their log-probs [B]), as sample_next."""
     if sampling.temperature == 0:
         token_ids = log_probs.argmax(-1)
     else:
@@ -74,13 +78,18 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, device: torch.device
     return input_ids.to(device), attention_mask.to(device)
 
 
-def completions_from_steps(token_ids: Tensor, log_probs: Tensor, stop_ids: Sequence[int]) -> list[Completion]:
-    """Cut each row of the per-step samples [B, S] after its first stop token."""
+def completions_from_steps(token_ids: Tensor, log_probs: Tensor, stop_ids: Sequence[int],
+                           entropies: Tensor | None = None, values: Tensor | None = None) -> list[Completion]:
+    """Cut each row of the per-step samples [B, S] (and entropies [B, S]) after its first stop token;
+    values [B]: each row's V, read before its first step."""
     stop_ids, completions = set(stop_ids), []
-    for ids, lps in zip(token_ids.tolist(), log_probs.tolist()):
+    rows_entropies = entropies.tolist() if entropies is not None else [()] * len(token_ids)
+    rows_values = values.tolist() if values is not None else [None] * len(token_ids)
+    for ids, lps, ents, value in zip(token_ids.tolist(), log_probs.tolist(), rows_entropies, rows_values):
         stop_at = next((i for i, t in enumerate(ids) if t in stop_ids), None)
         end = len(ids) if stop_at is None else stop_at + 1
-        completions.append(Completion(tuple(ids[:end]), tuple(lps[:end]), "length" if stop_at is None else "stop"))
+        completions.append(Completion(tuple(ids[:end]), tuple(lps[:end]), "length" if stop_at is None else "stop",
+                                      tuple(ents[:end]), value))
     return completions
 
 
@@ -90,23 +99,26 @@ class TransformersBackend(GenerationBackend):
     Written against transformers 5.24 and runs on 5.17-5.19 too (see KV_CACHE).
     """
 
-    def __init__(self, model: PreTrainedModel, n_policy_tokens: int, stop_ids: Sequence[int], pad_id: int) -> None:
+    def __init__(self, model: PreTrainedModel, n_policy_tokens: int, stop_ids: Sequence[int], pad_id: int,
+                 value_id: int | None = None) -> None:
         self.model = model
         self.n_policy_tokens = n_policy_tokens
         self.stop_ids = tuple(stop_ids)
         self.pad_id = pad_id
+        self.value_id = value_id   # the output row V is read from (Completion.value), when the model has one
 
     @classmethod
     def from_policy(cls, policy: Policy, dtype: torch.dtype | None = None,
                     device: str | torch.device | None = None) -> TransformersBackend:
         """Share the policy's model, or hold a copy in another dtype/device (e.g. bf16 for sampling)."""
+        policy.write_value_rows()   # the reserved output rows are V's and Q's from the first step on
         model = policy.model
         wanted = (dtype or model.dtype, torch.device(device) if device is not None else model.device)
         if wanted != (model.dtype, model.device):
             model = copy.deepcopy(model).to(device=wanted[1], dtype=wanted[0])
         tokenizer = policy.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        return cls(model, policy.n_policy_tokens, stop_token_ids(tokenizer), pad_id)
+        return cls(model, policy.n_policy_tokens, stop_token_ids(tokenizer), pad_id, value_id=policy.value_ids[0])
 
     def update_weights(self, policy: Policy) -> None:
         policy.write_value_rows()
@@ -128,7 +140,7 @@ class TransformersBackend(GenerationBackend):
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         stop_ids = torch.tensor(self.stop_ids, dtype=torch.long, device=device)
         finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-        step_ids, step_log_probs, cache = [], [], None
+        step_ids, step_log_probs, step_entropies, values, cache = [], [], [], None, None
         was_training = self.model.training
         self.model.eval()
         try:
@@ -136,11 +148,15 @@ class TransformersBackend(GenerationBackend):
                 out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                                  **{KV_CACHE: cache}, use_cache=True, logits_to_keep=1)
                 cache = getattr(out, KV_CACHE)
-                next_ids, next_log_probs = sample_next(out.logits[:, -1], self.n_policy_tokens, sampling,
-                                                       None if uniforms is None else uniforms[:, step])
+                logits = out.logits[:, -1]
+                if step == 0 and self.value_id is not None:   # the prefill's last prompt position: V
+                    values = logits[:, self.value_id].float()
+                log_probs = policy_log_probs(logits, self.n_policy_tokens, sampling.temperature)
+                next_ids, next_log_probs = draw(log_probs, sampling, None if uniforms is None else uniforms[:, step])
                 next_ids = next_ids.masked_fill(finished, self.pad_id)  # finished rows only pad along
                 step_ids.append(next_ids)
                 step_log_probs.append(next_log_probs)
+                step_entropies.append(entropy_from_log_probs(log_probs))
                 finished |= torch.isin(next_ids, stop_ids)
                 if bool(finished.all()):
                     break
@@ -149,4 +165,5 @@ class TransformersBackend(GenerationBackend):
         finally:
             self.model.train(was_training)
         return completions_from_steps(torch.stack(step_ids, 1).cpu(), torch.stack(step_log_probs, 1).cpu(),
-                                      self.stop_ids)
+                                      self.stop_ids, torch.stack(step_entropies, 1).cpu(),
+                                      None if values is None else values.cpu())
