@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trainer_client.algorithms import EstimatorNeeds, TurnBatch, ValueSource, assign_anchor_ids, pad_turns
+from trainer_client.algorithms import (
+    EstimatorNeeds, TurnBatch, ValueSource, assign_anchor_ids, masked_mean, pad_turns,
+)
 from trainer_client.distributed import rank_share, sum_across_ranks
 from trainer_client.policy import TokenBatch, TurnSample, micro_batches
 from trainer_client.rollout import EpisodeRecord
@@ -106,9 +108,7 @@ def readout_drift(sampled: Readout, old: Readout, needs: EstimatorNeeds) -> dict
     """Mean |sampler's - learner's| log-prob per response token, and V per turn where the estimator reads it:
     near 0 when generation and learning run the same weights at the same temperature (a stale or
     mismatched sampler, e.g. another dtype, shows up here)."""
-    mask = old.response_mask
-    log_prob_drift = ((old.log_probs - sampled.log_probs).abs() * mask).sum() / mask.sum().clamp(min=1)
-    drift = {"policy/sampler_drift": float(log_prob_drift)}
+    drift = {"policy/sampler_drift": float(masked_mean((old.log_probs - sampled.log_probs).abs(), old.response_mask))}
     if needs.values is ValueSource.BOUNDARY:
         drift["values/sampler_drift"] = float((old.values - sampled.values).abs().mean())
     return drift

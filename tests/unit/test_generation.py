@@ -9,8 +9,8 @@ import torch
 from policy_fixtures import micro_checkpoint, policy, train_value_rows, turn_samples  # noqa: F401  (fixtures)
 
 from trainer_client.policy import Policy, SamplingConfig, TokenBatch, TransformersBackend, TurnSample
-from trainer_client.policy.generation.transformers_backend import completions_from_steps, sample_next
-from trainer_client.policy.logits import top_p_filter
+from trainer_client.policy.generation.transformers_backend import completions_from_steps, draw
+from trainer_client.policy.logits import policy_log_probs, top_p_filter
 
 
 def prompts_of(policy: Policy, n: int) -> list[tuple[int, ...]]:
@@ -27,11 +27,11 @@ def test_top_p_keeps_the_smallest_nucleus():
         top_p_filter(log_probs, 0.0)
 
 
-def test_sample_next_never_returns_an_id_outside_the_policy_vocabulary():
+def test_a_draw_never_returns_an_id_outside_the_policy_vocabulary():
     logits = torch.zeros(4096, 10)
     logits[:, 8:] = 1e4  # the two value ids dominate the raw logits
     uniforms = torch.rand(4096, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    ids, log_probs = sample_next(logits, 8, SamplingConfig(temperature=1.0), uniforms)
+    ids, log_probs = draw(policy_log_probs(logits, 8, 1.0), SamplingConfig(temperature=1.0), uniforms)
     assert int(ids.max()) < 8
     torch.testing.assert_close(log_probs, torch.full((4096,), math.log(1 / 8)))
 

@@ -46,16 +46,11 @@ def inverse_cdf(probabilities: Tensor, uniforms: Tensor) -> Tensor:
     return torch.searchsorted(cdf, target[:, None].contiguous(), right=True).squeeze(-1)
 
 
-def sample_next(logits: Tensor, n_policy_tokens: int, sampling: SamplingConfig,
-                uniforms: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """logits [B, V] -> (token ids [B], their log-probs [B]); ids >= n_policy_tokens cannot come out.
+def draw(log_probs: Tensor, sampling: SamplingConfig, uniforms: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The policy's log-probs [B, n] (policy_log_probs: reserved ids already out) -> (token ids [B], their
+    log-probs [B]).
 
     uniforms [B]: one draw in [0, 1) per row (None: from torch's global generator); unused when greedy."""
-    return draw(policy_log_probs(logits, n_policy_tokens, sampling.temperature), sampling, uniforms)
-
-
-def draw(log_probs: Tensor, sampling: SamplingConfig, uniforms: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The policy's log-probs [B, n] -> (token ids [B], their log-probs [B]), as sample_next."""
     if sampling.temperature == 0:
         token_ids = log_probs.argmax(-1)
     else:
