@@ -81,6 +81,9 @@ ABLATIONS = {
 }
 # Settings that may change between invocations on one out_dir without making its finished runs stale.
 RESUMABLE_CHANGES = ("out_dir", "report_dir", "measurements_dir", "seeds", "extended", "estimate_iterations")
+# Dotted settings that change how runs execute, not what they learn from: lock-step rollout batches (batch_wait_s 0)
+# repeat a run exactly; the 0.02 s the finished arms ran with formed batches by timing, the same episodes otherwise.
+EXECUTION_ONLY = ("rl.rollout.batch_wait_s",)
 SFT_LABEL = "SFT (start)"
 CURVES_PNG = "results_learning_curves.png"
 INTERPRETATION_MD = "RESULTS_interpretation.md"
@@ -319,7 +322,8 @@ def stale_settings(saved: Path, cfg: StudyConfig) -> list[str]:
     """Settings of the study saved in `saved` (a study.yaml) that differ from `cfg` and make its runs stale.
     A setting added to StudyConfig after the save reads as its default there: the default is what those runs did."""
     old = config.to_dict(config.from_dict(StudyConfig, yaml.safe_load(saved.read_text())))
-    return [key for key in changed_settings(old, config.to_dict(cfg)) if key.split(".")[0] not in RESUMABLE_CHANGES]
+    return [key for key in changed_settings(old, config.to_dict(cfg))
+            if key.split(".")[0] not in RESUMABLE_CHANGES and key not in EXECUTION_ONLY]
 
 
 def prepare_out_dir(cfg: StudyConfig) -> Path:

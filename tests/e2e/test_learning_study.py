@@ -367,3 +367,16 @@ def test_a_setting_added_after_a_save_reads_as_its_default(study, tmp_path):
     changed = dataclasses.replace(cfg, sft_mistake_rate=0.2)
     assert study.stale_settings(saved, changed) == ["sft_mistake_rate"]
     assert study.stale_settings(saved, dataclasses.replace(cfg, sft_epochs=cfg.sft_epochs + 1)) == ["sft_epochs"]
+
+
+def test_the_committed_study_resumes_under_todays_settings(study):
+    """The finished arms ran with timed batches (batch_wait_s 0.02); today's lock-step batches only change how a run
+    executes, so `extended=true` resumes the committed study instead of refusing it. A setting of what is learned
+    still makes it stale."""
+    cfg = config.load(study.StudyConfig, ROOT / "configs" / "study.yaml")
+    committed = ROOT / "docs" / "measurements" / "study" / "study.yaml"
+    assert yaml.safe_load(committed.read_text())["rl"]["rollout"].get("batch_wait_s", 0.02) != cfg.rl.rollout.batch_wait_s
+    assert study.stale_settings(committed, cfg) == []
+    changed = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, rollout=dataclasses.replace(
+        cfg.rl.rollout, max_turns=cfg.rl.rollout.max_turns + 1)))
+    assert study.stale_settings(committed, changed) == ["rl.rollout.max_turns"]
