@@ -5,6 +5,7 @@ Benchmarks import it as a sibling module (`python benchmarks/x.py` puts benchmar
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import statistics
@@ -59,3 +60,29 @@ def load_demo_config(parser, args, extra_overrides: Sequence[str] = ()):
         config.print_config(cfg)
         raise SystemExit(0)
     return cfg
+
+
+def reference_step_seconds(repeats: int = 3, seed: int = 0) -> float:
+    """Seconds for one fixed training step of a tiny Qwen2 (forward + backward, 8 x 256 tokens) at torch's
+    current thread count, best of `repeats`: a machine's speed at the work the CPU studies do, so that times
+    measured on different machines can be put on one scale (divide by it)."""
+    import time
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from trainer_client.policy.tiny import TINY_SIZES
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(Qwen2Config(**dataclasses.asdict(TINY_SIZES["tiny"]), vocab_size=1024,
+                                             tie_word_embeddings=True))
+    tokens = torch.randint(0, 1024, (8, 256), generator=generator)
+    best = float("inf")
+    for _ in range(repeats + 1):                      # the first pass warms up allocators and kernels
+        started = time.perf_counter()
+        model(input_ids=tokens, labels=tokens).loss.backward()
+        best = min(best, time.perf_counter() - started)
+        model.zero_grad(set_to_none=True)
+    return best

@@ -42,6 +42,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+from benchlib import reference_step_seconds  # noqa: E402
 from trainer_client import config  # noqa: E402
 from trainer_client.checkpoints import latest_checkpoint  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
@@ -173,6 +174,25 @@ def seed_dir(cfg: StudyConfig, seed: int) -> Path:
     return Path(cfg.out_dir) / f"seed_{seed}"
 
 
+def this_machine() -> dict:
+    """Where an arm ran: its times compare across machines once divided by reference_step_s."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "") if Path("/proc/cpuinfo").is_file() else ""
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "reference_step_s": reference_step_seconds(repeats=5)}
+
+
+def time_ratio(run: Mapping, base: Mapping) -> float | None:
+    """Seconds per iteration of `run` over those of `base` (one seed), each divided by its machine's reference
+    step where both recorded one; None where either has no timing."""
+    times = [r.get("time_per_iteration", {}) or {} for r in (run, base)]
+    if not all(t.get("iteration") for t in times):
+        return None
+    refs = [(r.get("machine") or {}).get("reference_step_s") for r in (run, base)]
+    scale = refs[1] / refs[0] if all(refs) else 1.0
+    return times[0]["iteration"] / times[1]["iteration"] * scale
+
+
 def write_json(path: Path, data: Mapping) -> None:
     """Written whole, then renamed: a results file exists only once its step finished."""
     staged = path.with_name(path.name + ".tmp")
@@ -287,6 +307,7 @@ async def run_arm(pool: EnvPool, server: str, cfg: StudyConfig, seed: int, arm: 
         return await with_missing_evaluations(pool, cfg, tasks, done, lambda: latest_checkpoint(run_dir) / "policy")
     rl = arm_config(cfg, arm, seed, str(seed_dir(cfg, seed) / "sft"), server, str(run_dir))
     rl = dataclasses.replace(rl, iterations=iterations or rl.iterations)
+    machine = this_machine()
     started = time.perf_counter()
     await train(rl, resume=True, console=console)   # resume: a no-op for a new run dir
     train_s = time.perf_counter() - started
@@ -301,6 +322,7 @@ async def run_arm(pool: EnvPool, server: str, cfg: StudyConfig, seed: int, arm: 
         "time_per_iteration": mean_stage_seconds(timed) if timed else None,
         "last_rollout_success": rows[-1].get("rollout/success") if rows else None,
         "seconds": {"train": train_s, "eval": time.perf_counter() - started - train_s},
+        "machine": machine,
     }
     write_json(done, result)
     return result
@@ -521,12 +543,26 @@ def split_summary(results: StudyResults, split: str) -> dict:
             by_category = {category: paired(results.runs[a], results.runs[b], split, category)
                            for category in categories}
             comparisons[f"{a} vs {b}"] = gain | {"a": a, "b": b, "measures": why, "by_category": by_category}
+    for arm in arms:
+        if arm != "boundary" and "boundary" in arms:
+            arms[arm]["time_vs_boundary"] = time_vs(results.runs[arm], results.runs["boundary"])
     return {"split": split, "games": max(games) if games else 0, "sft": {
         "seeds": sorted(sft), "held_out_mean": mean_or_none(starts),
         "held_out_std": mean_std(starts)[1] if starts else None, "held_out_by_seed": starts,
         "wall_seconds": {part: statistics.fmean(r["seconds"].get(part, 0.0) for r in sft.values())
                          for part in (next(iter(sft.values()))["seconds"] if sft else {})}},
         "arms": arms, "comparisons": comparisons}
+
+
+def time_vs(runs: Mapping[int, Mapping], base: Mapping[int, Mapping]) -> dict | None:
+    """An arm's time per iteration relative to `base`'s, seed by seed, then averaged: each seed's ratio is on one
+    scale even where the two arms ran on different machines, once both recorded a reference step."""
+    ratios = {seed: r for seed in sorted(runs.keys() & base.keys()) if (r := time_ratio(runs[seed], base[seed]))}
+    if not ratios:
+        return None
+    normalized = [seed for seed in ratios
+                  if all((x[seed].get("machine") or {}).get("reference_step_s") for x in (runs, base))]
+    return {"ratio": statistics.fmean(ratios.values()), "by_seed": ratios, "normalized_seeds": normalized}
 
 
 def categories_of(results: StudyResults, split: str) -> set[str]:
@@ -606,11 +642,15 @@ def answer_lines(summary: Mapping) -> list[str]:
         lines.append("What carries the difference: " + (" and ".join(resolved) if resolved else
                      "neither ablation resolves a difference at this size") + ".")
     base = arms["boundary"].get("seconds_per_iteration")
-    costs = [f"{arm} {arms[arm]['seconds_per_iteration'] / base:.2f}x" for arm in arms
-             if arm != "boundary" and base and arms[arm].get("seconds_per_iteration")]
-    if costs:
+    ratios = {arm: arms[arm]["time_vs_boundary"] for arm in arms if (arms[arm].get("time_vs_boundary") or {}).get("ratio")}
+    costs = [f"{arm} {r['ratio']:.2f}x" for arm, r in ratios.items()]
+    if costs and base:
+        unscaled = sorted({seed for r in ratios.values() for seed in r["by_seed"] if seed not in r["normalized_seeds"]})
+        scale = (" Seed by seed, each on its machine's reference step (benchlib.reference_step_seconds)." if not unscaled
+                 else f" Seed by seed; seed{'s' * (len(unscaled) > 1)} {', '.join(map(str, unscaled))} recorded no machine "
+                      "reference for some arm, so those ratios are raw and mix machines where an arm ran in another session.")
         lines.append(f"Cost in time: boundary's iteration took {base:.1f} s; each baseline's, relative to it: "
-                     + ", ".join(costs) + ".")
+                     + ", ".join(costs) + "." + scale)
     behind = []
     for key, gain in comparisons.items():
         if gain["a"] != "boundary":

@@ -78,6 +78,7 @@ def test_smoke_study_runs_every_core_algorithm_on_the_same_episodes(smoke_run):
         assert [row["iteration"] for row in rows] == [0, 1]
         assert result["time_per_iteration"]["iteration"] == pytest.approx(
             statistics.fmean(row["time/iteration"] for row in rows))
+        assert result["machine"]["reference_step_s"] > 0 and result["machine"]["torch_threads"] >= 1
         # Each arm started from the seed's one SFT checkpoint.
         config = (smoke_run / "seed_0" / arm / "config.yaml").read_text()
         assert f"path: {smoke_run / 'seed_0' / 'sft'}" in config
@@ -325,6 +326,21 @@ def test_summary_and_answers_are_computed_from_the_numbers(study):
     assert "| boundary | 3 | 75.0 ± 0.0 | 12.5 | +62.5 [" in markdown
     assert "## Interpretation (the lead's)\n\nIt learned." in markdown and "Preliminary" not in markdown
     assert "> **Incomplete**" not in markdown
+
+
+def test_time_ratios_are_taken_seed_by_seed_on_each_machines_reference_step(study):
+    results = made_up_results(study)           # boundary 3 s, ppo_critic_turn 6 s per iteration, no machine recorded
+    turn, boundary = results.runs["ppo_critic_turn"], results.runs["boundary"]
+    assert study.time_vs(turn, boundary) == {"ratio": 2.0, "by_seed": {0: 2.0, 1: 2.0, 2: 2.0}, "normalized_seeds": []}
+    # Seed 1's critic ran on a machine twice as slow at the reference step: on one scale it cost as much as boundary.
+    for seed, arm, reference in [(1, turn, 0.4), (1, boundary, 0.2), (2, turn, 0.2), (2, boundary, 0.2)]:
+        arm[seed]["machine"] = {"reference_step_s": reference}
+    ratios = study.time_vs(turn, boundary)
+    assert ratios["by_seed"] == {0: 2.0, 1: 1.0, 2: 2.0} and ratios["normalized_seeds"] == [1, 2]
+    summary = study.study_summary(results, "cmd")
+    assert summary["arms"]["ppo_critic_turn"]["time_vs_boundary"]["ratio"] == pytest.approx(5 / 3)
+    text = "\n".join(study.answer_lines(summary))
+    assert "ppo_critic_turn 1.67x" in text and "seeds 0, 1, 2 recorded no machine reference" in text   # grpo recorded none
 
 
 def test_a_reversed_gap_is_said_the_other_way(study):
