@@ -455,9 +455,10 @@ def read_results(cfg: StudyConfig) -> StudyResults:
 
 
 def finished_seeds(results: StudyResults) -> list[int]:
-    """Seeds whose SFT start and every arm have finished."""
+    """Seeds whose SFT start and every core arm have finished. The extended arms, added to a finished study
+    later, do not take a seed back out; each arm's summary lists the seeds it has."""
     return [seed for seed in results.cfg.seeds
-            if seed in results.sft and all(seed in results.runs.get(arm, {}) for arm in results.cfg.arms)]
+            if seed in results.sft and all(seed in results.runs.get(arm, {}) for arm in CORE_ARMS)]
 
 
 def seed_success(evaluation: Mapping) -> float:

@@ -343,6 +343,16 @@ def test_time_ratios_are_taken_seed_by_seed_on_each_machines_reference_step(stud
     assert "ppo_critic_turn 1.67x" in text and "seeds 0, 1, 2 recorded no machine reference" in text   # grpo recorded none
 
 
+def test_extended_arms_in_progress_keep_the_finished_core_seeds(study):
+    results = made_up_results(study)
+    extended = dataclasses.replace(results.cfg, extended=True)
+    runs = results.runs | {"rloo": {0: results.runs["grpo"][0]}}            # one extended arm, one seed so far
+    summary = study.study_summary(study.StudyResults(extended, results.sft, runs, {}), "cmd")
+    assert summary["seeds"] == [0, 1, 2] and summary["arms"]["rloo"]["seeds"] == [0]
+    assert study.finished_seeds(study.StudyResults(results.cfg, results.sft, {k: v for k, v in runs.items()
+                                                                               if k != "grpo"}, {})) == []
+
+
 def test_a_reversed_gap_is_said_the_other_way(study):
     wins = WINS | {"grpo": range(0, 40)}     # grpo wins every game
     summary = study.study_summary(made_up_results(study, wins), "cmd")
@@ -385,14 +395,16 @@ def test_a_setting_added_after_a_save_reads_as_its_default(study, tmp_path):
     assert study.stale_settings(saved, dataclasses.replace(cfg, sft_epochs=cfg.sft_epochs + 1)) == ["sft_epochs"]
 
 
-def test_the_committed_study_resumes_under_todays_settings(study):
+def test_the_committed_study_resumes_under_todays_settings(study, tmp_path):
     """The finished arms ran with timed batches (batch_wait_s 0.02); today's lock-step batches only change how a run
     executes, so `extended=true` resumes the committed study instead of refusing it. A setting of what is learned
     still makes it stale."""
     cfg = config.load(study.StudyConfig, ROOT / "configs" / "study.yaml")
-    committed = ROOT / "docs" / "measurements" / "study" / "study.yaml"
-    assert yaml.safe_load(committed.read_text())["rl"]["rollout"].get("batch_wait_s", 0.02) != cfg.rl.rollout.batch_wait_s
-    assert study.stale_settings(committed, cfg) == []
+    tree = yaml.safe_load((ROOT / "docs" / "measurements" / "study" / "study.yaml").read_text())
+    tree["rl"]["rollout"]["batch_wait_s"] = 0.02                     # as the four core arms ran
+    committed = tmp_path / "study.yaml"
+    committed.write_text(yaml.safe_dump(tree, sort_keys=False))
+    assert cfg.rl.rollout.batch_wait_s != 0.02 and study.stale_settings(committed, cfg) == []
     changed = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, rollout=dataclasses.replace(
         cfg.rl.rollout, max_turns=cfg.rl.rollout.max_turns + 1)))
     assert study.stale_settings(committed, changed) == ["rl.rollout.max_turns"]
