@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import platform
 import statistics
 from collections.abc import Sequence
 
@@ -60,6 +61,17 @@ def load_demo_config(parser, args, extra_overrides: Sequence[str] = ()):
         config.print_config(cfg)
         raise SystemExit(0)
     return cfg
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo, else what the platform module says)."""
+    cpuinfo = "/proc/cpuinfo"
+    if os.path.isfile(cpuinfo):
+        with open(cpuinfo) as lines:
+            name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+        if name:
+            return name
+    return platform.processor()
 
 
 def reference_step_seconds(repeats: int = 3, seed: int = 0) -> float:

@@ -42,7 +42,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from benchlib import reference_step_seconds  # noqa: E402
+from benchlib import cpu_model, reference_step_seconds  # noqa: E402
 from trainer_client import config  # noqa: E402
 from trainer_client.checkpoints import latest_checkpoint  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
@@ -176,10 +176,13 @@ def seed_dir(cfg: StudyConfig, seed: int) -> Path:
 
 def this_machine() -> dict:
     """Where an arm ran: its times compare across machines once divided by reference_step_s."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "") if Path("/proc/cpuinfo").is_file() else ""
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    return {"cpu": cpu_model(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "reference_step_s": reference_step_seconds(repeats=5)}
+
+
+def reference_step(run: Mapping) -> float | None:
+    """The machine's reference step an arm recorded (None for arms run before it was recorded)."""
+    return (run.get("machine") or {}).get("reference_step_s")
 
 
 def time_ratio(run: Mapping, base: Mapping) -> float | None:
@@ -188,7 +191,7 @@ def time_ratio(run: Mapping, base: Mapping) -> float | None:
     times = [r.get("time_per_iteration", {}) or {} for r in (run, base)]
     if not all(t.get("iteration") for t in times):
         return None
-    refs = [(r.get("machine") or {}).get("reference_step_s") for r in (run, base)]
+    refs = [reference_step(r) for r in (run, base)]
     scale = refs[1] / refs[0] if all(refs) else 1.0
     return times[0]["iteration"] / times[1]["iteration"] * scale
 
@@ -561,8 +564,7 @@ def time_vs(runs: Mapping[int, Mapping], base: Mapping[int, Mapping]) -> dict | 
     ratios = {seed: r for seed in sorted(runs.keys() & base.keys()) if (r := time_ratio(runs[seed], base[seed]))}
     if not ratios:
         return None
-    normalized = [seed for seed in ratios
-                  if all((x[seed].get("machine") or {}).get("reference_step_s") for x in (runs, base))]
+    normalized = [seed for seed in ratios if reference_step(runs[seed]) and reference_step(base[seed])]
     return {"ratio": statistics.fmean(ratios.values()), "by_seed": ratios, "normalized_seeds": normalized}
 
 

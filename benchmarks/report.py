@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchlib import spread
+from benchlib import cpu_model, spread
 
 from trainer_client.timing import ITERATION_STAGES
 
@@ -358,13 +358,11 @@ def machine() -> dict:
     import psutil
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     return {
-        "cpu": cpu, "logical_cpus": os.cpu_count(), "usable_cpus": usable,
+        "cpu": cpu_model(), "logical_cpus": os.cpu_count(), "usable_cpus": usable,
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "load_average_at_start": load_average(),
         "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
