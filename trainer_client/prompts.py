@@ -31,6 +31,10 @@ class PromptConfig:
     """A reply without <think>...</think> counts as format-invalid (verl-agent's rule)."""
     format_penalty: float = 0.01
     """Subtracted from a turn's reward when its reply is format-invalid (verl-agent's 0.1 on its x10 scale)."""
+    unlisted_penalty: float = 0.0
+    """Subtracted from a turn's reward when its action is not on the admissible list the prompt showed: a turn
+    the game wastes ("Nothing happens."). A dense signal the sparse reward lacks; 0 = off, as in verl-agent.
+    Only for envs that list every action they accept (ALFWorld, toy): WebShop's free-text search is unlisted."""
     example: str = ""
     """A worked example shown before the task (the ReAct-style baseline, trainer_client/prompting_baselines.py)."""
 
@@ -137,6 +141,12 @@ def parse_action(reply: str, cfg: PromptConfig = PromptConfig()) -> ParsedAction
 
 def format_penalty(parsed: ParsedAction, cfg: PromptConfig = PromptConfig()) -> float:
     return 0.0 if parsed.valid else cfg.format_penalty
+
+
+def turn_penalty(parsed: ParsedAction, admissible_actions: Sequence[str], cfg: PromptConfig = PromptConfig()) -> float:
+    """What a turn's reply costs besides the env's reward: the format penalty, plus the unlisted-action penalty."""
+    unlisted = cfg.unlisted_penalty > 0 and parsed.action not in {a.lower() for a in admissible_actions}
+    return format_penalty(parsed, cfg) + (cfg.unlisted_penalty if unlisted else 0.0)
 
 
 def expert_reply(action: str, thought: str = "") -> str:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from trainer_client.env_pool import EnvPool, EnvPoolError, Transition
 from trainer_client.policy.generation import Completion, GenerationBackend, Sampling, SamplingConfig, derive_seed
-from trainer_client.prompts import PastTurn, PromptConfig, build_prompt, format_penalty, parse_action
+from trainer_client.prompts import PastTurn, PromptConfig, build_prompt, parse_action, turn_penalty
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Turn:
     observation: str       # the raw observation the prompt was built on (GiGPO's anchor state)
     action: str            # what was sent to the env
     valid: bool            # format-valid reply
-    penalty: float         # format penalty of this turn (>= 0)
+    penalty: float         # format and unlisted-action penalty of this turn (>= 0)
     reward: float          # env reward after the action
     truncated_reply: bool  # the response hit max_new_tokens
     sampled_entropies: tuple[float, ...] = ()   # what the sampler also read (Completion): see sampler_readout
@@ -214,11 +214,11 @@ async def play_episode(pool: EnvPool, batcher: GenerationBatcher, tokenizer, tas
                 completion = await batcher.generate(index, prompt_ids, derive_seed(episode_seed, len(record.turns)))
                 reply = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
                 parsed = parse_action(reply, prompts)
-                observation = transition.observation
+                observation, penalty = transition.observation, turn_penalty(parsed, transition.admissible_actions, prompts)
                 transition = await episode.step(parsed.action)
                 record.turns.append(Turn(
                     prompt_ids, completion.token_ids, completion.log_probs, observation, parsed.action,
-                    parsed.valid, format_penalty(parsed, prompts), transition.reward,
+                    parsed.valid, penalty, transition.reward,
                     completion.finish_reason == "length", completion.entropies, completion.value,
                 ))
                 history.append(PastTurn(observation, parsed.action))

@@ -2,7 +2,7 @@
 
 from trainer_client.prompts import (
     ParsedAction, PastTurn, PromptConfig, build_prompt, expert_reply, format_penalty, listed_actions, parse_action,
-    webshop_view,
+    turn_penalty, webshop_view,
 )
 
 
@@ -35,6 +35,15 @@ def test_penalty_only_on_invalid():
     cfg = PromptConfig(format_penalty=0.25)
     assert format_penalty(ParsedAction("look", True), cfg) == 0.0
     assert format_penalty(ParsedAction("look", False), cfg) == 0.25
+
+
+def test_unlisted_penalty_adds_to_the_format_penalty_and_is_off_by_default():
+    listed = ["go to desk 1", "Take Mug 1 from Desk 1", "look"]
+    cfg = PromptConfig(format_penalty=0.25, unlisted_penalty=0.5)
+    assert turn_penalty(ParsedAction("take mug 1 from desk 1", True), listed, cfg) == 0.0
+    assert turn_penalty(ParsedAction("go to shelf 1", True), listed, cfg) == 0.5
+    assert turn_penalty(ParsedAction("go to shelf 1", False), listed, cfg) == 0.75
+    assert turn_penalty(ParsedAction("go to shelf 1", True), listed) == 0.0
 
 
 def test_expert_reply_round_trips():
