@@ -214,7 +214,8 @@ async def play_episode(pool: EnvPool, batcher: GenerationBatcher, tokenizer, tas
                 completion = await batcher.generate(index, prompt_ids, derive_seed(episode_seed, len(record.turns)))
                 reply = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
                 parsed = parse_action(reply, prompts)
-                observation, penalty = transition.observation, turn_penalty(parsed, transition.admissible_actions, prompts)
+                observation = transition.observation
+                penalty = turn_penalty(parsed, transition.admissible_actions, prompts)
                 transition = await episode.step(parsed.action)
                 record.turns.append(Turn(
                     prompt_ids, completion.token_ids, completion.log_probs, observation, parsed.action,
