@@ -125,7 +125,7 @@ class StreamSession:
         return reply
 
     async def close(self) -> None:
-        if self.call is None or self.call.done():
+        if self.call is None or self.call.done() or self.call.cancelled():
             return
         try:
             # Half-close and let the server end the stream, so it frees the env before we move on.
@@ -135,6 +135,11 @@ class StreamSession:
                     pass
         except (TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError):
             pass
+        except asyncio.CancelledError:
+            # grpc raises this for a call cancelled on our side meanwhile (a step's timeout); only the
+            # cancellation of this task itself must go on up.
+            if asyncio.current_task().cancelling():
+                raise
         finally:
             self.call.cancel()   # a no-op once the stream has finished
 
