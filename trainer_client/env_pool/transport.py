@@ -125,7 +125,7 @@ class StreamSession:
         return reply
 
     async def close(self) -> None:
-        if self.call is None or self.call.done() or self.call.cancelled():
+        if self.call is None or self.call.done():   # done() is also true once we cancelled it
             return
         try:
             # Half-close and let the server end the stream, so it frees the env before we move on.
