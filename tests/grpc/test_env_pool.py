@@ -9,15 +9,21 @@ import contextlib
 import subprocess
 from pathlib import Path
 
+import grpc
 import pytest
 import pytest_asyncio
 
 from env_server.config import ServerConfig
 from env_server.server import serve
+from limen.env.v1 import env_pb2, env_pb2_grpc
 from trainer_client.env_pool import (
     EnvPool, Episode, EpisodeDropped, EpisodeOver, InvalidAction, MixedVersions, NoServerAvailable, Transition,
     Unauthenticated, UnknownEnvOrTask,
 )
+from trainer_client.env_pool.config import PoolConfig
+from trainer_client.env_pool.servers import Server
+from trainer_client.env_pool.stats import Counters
+from trainer_client.env_pool.transport import Calls
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -215,6 +221,40 @@ async def test_a_client_deadline_also_counts_as_a_lost_session():
                 await episode.step("sleep 1")
             assert (pool.stats.lost, pool.stats.dropped) == (1, 1)
 
+
+
+@contextlib.asynccontextmanager
+async def open_stream_session(address: str):
+    """One Episode stream session on `address` after its reset, without a pool around it."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        session = Calls(PoolConfig(transport="stream"), Counters()).new_session(
+            Server(address, channel, env_pb2_grpc.EnvServiceStub(channel)))
+        await session.reset(env_pb2.ResetRequest(env="toy", split="train", task_id="goto-000"))
+        yield session
+
+
+@pytest.mark.parametrize("yields", [0, 1, 3])
+async def test_closing_a_stream_whose_call_is_cancelled_meanwhile_returns(toy, yields):
+    """close() drains the stream; if the call is cancelled on our side while it drains (as a step's timeout
+    cancels it), grpc raises CancelledError inside close(). That must not escape as if this task were being
+    cancelled: a CI run once lost a test to it (tests/grpc/test_multi_server.py)."""
+    async with open_stream_session(toy.address) as session:
+        closing = asyncio.create_task(session.close())
+        for _ in range(yields):
+            await asyncio.sleep(0)
+        session.call.cancel()
+        await closing      # returns (with 1 and 3 yields it raised asyncio.CancelledError before the fix)
+        assert session.call.done()
+
+
+async def test_cancelling_the_task_that_closes_a_stream_still_cancels_it(toy):
+    async with open_stream_session(toy.address) as session:
+        closing = asyncio.create_task(session.close())
+        await asyncio.sleep(0)
+        closing.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await closing
+        assert session.call.done()
 
 # ---- capacity, versions, credentials ----------------------------------------------------------------------
 
