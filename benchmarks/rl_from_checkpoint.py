@@ -4,7 +4,8 @@ checkpoint: how issue 5 measured whether RL moves on generated ALFWorld beyond t
     python benchmarks/rl_from_checkpoint.py --sft runs/demo/sft --out runs/rl_long --iterations 60 \
         --save-every 20 [--config configs/demo.yaml] [key=value ...]
 
-Overrides are DemoConfig fields (e.g. rl.optim.epochs=4). The env server runs as the demo's does (same
+Overrides are DemoConfig fields (e.g. rl.optim.epochs=4). `--evaluate-only` skips the RL and evaluates the
+checkpoints a run already saved, e.g. a demo's: `--sft runs/demo/sft --out runs/demo/rl --evaluate-only`. The env server runs as the demo's does (same
 arguments, PYTHONHASHSEED = seed). Prints one JSON line per checkpoint and writes <out>/held_out.json.
 """
 
@@ -28,11 +29,12 @@ from trainer_client.train import train
 ROOT = Path(__file__).resolve().parents[1]
 
 
-async def run(cfg: DemoConfig, sft_dir: Path, out: Path) -> list[dict]:
+async def run(cfg: DemoConfig, sft_dir: Path, out: Path, evaluate_only: bool = False) -> list[dict]:
     async with demo_env_server(cfg) as address, EnvPool([address]) as pool:
         eval_ids = sorted(await pool.list_tasks(cfg.env, cfg.eval_split))[:cfg.eval_episodes]
-        torch.manual_seed(cfg.seed)
-        await train(rl_config(cfg, sft_dir, out, address), console=Console(stderr=True))
+        if not evaluate_only:
+            torch.manual_seed(cfg.seed)
+            await train(rl_config(cfg, sft_dir, out, address), console=Console(stderr=True))
         rows, start = [], None
         saved = sorted((out / "checkpoints").glob("iter_*"))
         for label, checkpoint in [("start", sft_dir)] + [(p.name, p / "policy") for p in saved]:
@@ -54,13 +56,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sft", type=Path, required=True, help="the warm-start checkpoint (e.g. runs/demo/sft)")
     parser.add_argument("--out", type=Path, required=True, help="run directory for RL and the results")
-    parser.add_argument("--iterations", type=int, required=True)
+    parser.add_argument("--iterations", type=int, default=0, help="RL iterations (required unless --evaluate-only)")
     parser.add_argument("--save-every", type=int, default=0, help="checkpoint (and evaluate) every N (0: the end)")
+    parser.add_argument("--evaluate-only", action="store_true",
+                        help="no RL: evaluate the start and the checkpoints already under --out/checkpoints")
     add_demo_config_args(parser, str(ROOT / "configs" / "demo.yaml"))
     args = parser.parse_args(argv)
+    if args.evaluate_only != (args.iterations == 0):
+        parser.error("give --iterations N (N > 0) to train, or --evaluate-only with no --iterations")
+    if args.evaluate_only and not sorted((args.out / "checkpoints").glob("iter_*")):
+        parser.error(f"--evaluate-only: no checkpoints under {args.out / 'checkpoints'}")
     every = args.save_every or args.iterations
-    cfg = load_demo_config(parser, args, [f"rl.iterations={args.iterations}", f"rl.save_every={every}"])
-    asyncio.run(run(cfg, args.sft, args.out))
+    cfg = load_demo_config(parser, args, [] if args.evaluate_only else
+                           [f"rl.iterations={args.iterations}", f"rl.save_every={every}"])
+    asyncio.run(run(cfg, args.sft, args.out, args.evaluate_only))
     return 0
 
 

@@ -37,6 +37,15 @@ class PromptConfig:
     Only for envs that list every action they accept (ALFWorld, toy): WebShop's free-text search is unlisted."""
     example: str = ""
     """A worked example shown before the task (the ReAct-style baseline, trainer_client/prompting_baselines.py)."""
+    compact: bool = False
+    """Only what changes from turn to turn: the task, the past turns as `observation => action` lines, the
+    current observation and the admissible actions, without the role, step counts and reply instructions.
+    For a model trained from scratch, which learns nothing from fixed wording: the demo's prompts shrink by
+    about a third, and every forward with them."""
+
+    def __post_init__(self) -> None:
+        if self.compact and self.example:
+            raise ValueError("a compact prompt has no place for a worked example; set one of compact, example")
 
 
 @dataclass(frozen=True)
@@ -83,7 +92,8 @@ def webshop_view(observation: str, instruction: str) -> str:
 
 
 ADMISSIBLE_HEADING = "Admissible actions: "
-_LISTED = re.compile(re.escape(ADMISSIBLE_HEADING) + r"\[(.*?)\]$", re.MULTILINE | re.DOTALL)
+# The list ends its line, or its message where it is the prompt's last line (a decoded chat: `]<|im_end|>`).
+_LISTED = re.compile(re.escape(ADMISSIBLE_HEADING) + r"\[(.*?)\](?:$|<\|)", re.MULTILINE | re.DOTALL)
 
 
 def _format_actions(env: str, actions: Sequence[str]) -> str:
@@ -110,11 +120,19 @@ def build_prompt(
 ) -> str:
     """The user message of turn `step` (0-based). `history` holds every past turn; the last k are shown."""
     view = (lambda o: webshop_view(o, instruction)) if env == "webshop" else (lambda o: o)
+    shown = list(history)[-cfg.history_turns:] if cfg.history_turns > 0 else []
+    first = step - len(shown) + 1
+    if cfg.compact:
+        lines = [f"Task: {instruction}."]
+        lines += [f"[{first + i}] {shorten(view(t.observation), cfg.history_obs_max_words)} => {t.action}"
+                  for i, t in enumerate(shown)]
+        lines.append(f"Now: {view(observation)}")
+        if cfg.list_admissible:
+            lines.append(ADMISSIBLE_HEADING + _format_actions(env, admissible_actions))
+        return "\n".join(lines)
     intro, task = _INTROS.get(env, _GENERIC_INTRO), f"Your task is to: {instruction}."
     lines = [intro, cfg.example, f"Now your own task. {task}"] if cfg.example else [f"{intro} {task}"]
-    shown = list(history)[-cfg.history_turns:] if cfg.history_turns > 0 else []
     if shown:
-        first = step - len(shown) + 1
         past = "\n".join(
             f"[Step {first + i}] observation: {shorten(view(t.observation), cfg.history_obs_max_words)} "
             f"| action: {t.action}"

@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from training_fixtures import load_benchmark
 
 from trainer_client import config
@@ -49,3 +51,12 @@ def test_a_small_demo_runs_end_to_end_and_rl_continues_from_its_warm_start(tmp_p
     rows = json.loads((tmp_path / "more" / "held_out.json").read_text())
     assert [row["checkpoint"] for row in rows] == ["start", "iter_000000", "iter_000001"]
     assert all(row["episodes"] == 6 and 0.0 <= row["success"] <= 1.0 for row in rows)
+
+    # The same checkpoints evaluated again, without RL: the same numbers (an evaluation is a pure function).
+    (tmp_path / "more" / "held_out.json").unlink()
+    assert more.main(["--sft", str(tmp_path / "demo" / "sft"), "--out", str(tmp_path / "more"), "--evaluate-only",
+                      "--threads", "2", *small(tmp_path)]) == 0
+    assert json.loads((tmp_path / "more" / "held_out.json").read_text()) == rows
+    assert len((tmp_path / "more" / "metrics.jsonl").read_text().splitlines()) == 2   # no iteration added
+    with pytest.raises(SystemExit):   # nothing saved there to evaluate
+        more.main(["--sft", str(tmp_path / "demo" / "sft"), "--out", str(tmp_path / "none"), "--evaluate-only"])

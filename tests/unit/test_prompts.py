@@ -1,5 +1,7 @@
 """Prompt building and action parsing, on hand-written cases."""
 
+import pytest
+
 from trainer_client.prompts import (
     ParsedAction, PastTurn, PromptConfig, build_prompt, expert_reply, format_penalty, listed_actions, parse_action,
     turn_penalty, webshop_view,
@@ -89,3 +91,29 @@ def test_webshop_view_drops_the_instruction_and_quotes_parts():
     assert webshop_view(obs, "find a red mug") == "'Back to Search' [SEP] 'Page 1 (Total results: 50)' [SEP] 'Next >'"
     done = "Thank you for shopping with us! [SEP] Your code: [SEP] None"
     assert webshop_view(done, "find a red mug") == done
+
+
+def test_a_compact_prompt_keeps_what_changes_and_drops_the_fixed_wording():
+    history = [PastTurn(f"obs {i} with more words", f"act {i}") for i in range(5)]
+    actions = ["go to microwave 1", "look"]
+    args = ("alfworld", "heat some egg", "You see a microwave 1.", actions, history)
+    compact = build_prompt(*args, step=5, cfg=PromptConfig(history_turns=2, history_obs_max_words=2, compact=True))
+    assert compact.splitlines() == [
+        "Task: heat some egg.",
+        "[4] obs 3 ... => act 3",
+        "[5] obs 4 ... => act 4",
+        "Now: You see a microwave 1.",
+        "Admissible actions: ['go to microwave 1', 'look']",
+    ]
+    assert listed_actions(compact) == actions
+    assert listed_actions(f"<|im_start|>user\n{compact}<|im_end|>\n<|im_start|>assistant\n") == actions
+    anchor = build_prompt(*args, step=5, cfg=PromptConfig(history_turns=2, history_obs_max_words=2))
+    assert len(compact) < 0.6 * len(anchor)
+    first = build_prompt("toy", "go to the attic", "You are in the hall.", ["go to attic"], [], 0,
+                         PromptConfig(compact=True))
+    assert first == "Task: go to the attic.\nNow: You are in the hall.\nAdmissible actions: ['go to attic']"
+
+
+def test_a_compact_prompt_refuses_a_worked_example():
+    with pytest.raises(ValueError, match="compact"):
+        PromptConfig(compact=True, example="Task: ...")
