@@ -64,11 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.evaluate_only != (args.iterations == 0):
         parser.error("give --iterations N (N > 0) to train, or --evaluate-only with no --iterations")
-    if args.evaluate_only and not sorted((args.out / "checkpoints").glob("iter_*")):
-        parser.error(f"--evaluate-only: no checkpoints under {args.out / 'checkpoints'}")
     every = args.save_every or args.iterations
     cfg = load_demo_config(parser, args, [] if args.evaluate_only else
                            [f"rl.iterations={args.iterations}", f"rl.save_every={every}"])
+    if args.evaluate_only and not sorted((args.out / "checkpoints").glob("iter_*")):
+        parser.error(f"--evaluate-only: no checkpoints under {args.out / 'checkpoints'}")
     asyncio.run(run(cfg, args.sft, args.out, args.evaluate_only))
     return 0
 
