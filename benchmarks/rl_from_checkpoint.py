@@ -5,8 +5,9 @@ checkpoint: how issue 5 measured whether RL moves on generated ALFWorld beyond t
         --save-every 20 [--config configs/demo.yaml] [key=value ...]
 
 Overrides are DemoConfig fields (e.g. rl.optim.epochs=4). `--evaluate-only` skips the RL and evaluates the
-checkpoints a run already saved, e.g. a demo's: `--sft runs/demo/sft --out runs/demo/rl --evaluate-only`. The env server runs as the demo's does (same
-arguments, PYTHONHASHSEED = seed). Prints one JSON line per checkpoint and writes <out>/held_out.json.
+checkpoints a run already saved, e.g. a demo's: `--sft runs/demo/sft --out runs/demo/rl --evaluate-only`.
+The env server runs as the demo's does (same arguments, PYTHONHASHSEED = seed). Prints one JSON line per
+checkpoint and writes <out>/held_out.json.
 """
 
 from __future__ import annotations

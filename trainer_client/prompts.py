@@ -121,28 +121,22 @@ def build_prompt(
     """The user message of turn `step` (0-based). `history` holds every past turn; the last k are shown."""
     view = (lambda o: webshop_view(o, instruction)) if env == "webshop" else (lambda o: o)
     shown = list(history)[-cfg.history_turns:] if cfg.history_turns > 0 else []
-    first = step - len(shown) + 1
+    past = [(step - len(shown) + 1 + i, shorten(view(t.observation), cfg.history_obs_max_words), t.action)
+            for i, t in enumerate(shown)]
     if cfg.compact:
-        lines = [f"Task: {instruction}."]
-        lines += [f"[{first + i}] {shorten(view(t.observation), cfg.history_obs_max_words)} => {t.action}"
-                  for i, t in enumerate(shown)]
-        lines.append(f"Now: {view(observation)}")
-        if cfg.list_admissible:
-            lines.append(ADMISSIBLE_HEADING + _format_actions(env, admissible_actions))
-        return "\n".join(lines)
-    intro, task = _INTROS.get(env, _GENERIC_INTRO), f"Your task is to: {instruction}."
-    lines = [intro, cfg.example, f"Now your own task. {task}"] if cfg.example else [f"{intro} {task}"]
-    if shown:
-        past = "\n".join(
-            f"[Step {first + i}] observation: {shorten(view(t.observation), cfg.history_obs_max_words)} "
-            f"| action: {t.action}"
-            for i, t in enumerate(shown)
-        )
-        lines.append(f"You have taken {step} step(s) so far. Your last {len(shown)} observation(s) and action(s):\n{past}")
-    lines.append(f"You are now at step {step + 1}. Current observation: {view(observation)}")
+        lines = [f"Task: {instruction}.", *(f"[{k}] {seen} => {action}" for k, seen, action in past),
+                 f"Now: {view(observation)}"]
+    else:
+        intro, task = _INTROS.get(env, _GENERIC_INTRO), f"Your task is to: {instruction}."
+        lines = [intro, cfg.example, f"Now your own task. {task}"] if cfg.example else [f"{intro} {task}"]
+        if past:
+            lines.append(f"You have taken {step} step(s) so far. Your last {len(past)} observation(s) and action(s):\n"
+                         + "\n".join(f"[Step {k}] observation: {seen} | action: {action}" for k, seen, action in past))
+        lines.append(f"You are now at step {step + 1}. Current observation: {view(observation)}")
     if cfg.list_admissible:
         lines.append(ADMISSIBLE_HEADING + _format_actions(env, admissible_actions))
-    lines.append(_WEBSHOP_CLOSING if env == "webshop" else _CLOSING)
+    if not cfg.compact:
+        lines.append(_WEBSHOP_CLOSING if env == "webshop" else _CLOSING)
     return "\n".join(lines)
 
 

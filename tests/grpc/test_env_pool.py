@@ -222,7 +222,6 @@ async def test_a_client_deadline_also_counts_as_a_lost_session():
             assert (pool.stats.lost, pool.stats.dropped) == (1, 1)
 
 
-
 @contextlib.asynccontextmanager
 async def open_stream_session(address: str):
     """One Episode stream session on `address` after its reset, without a pool around it."""
@@ -255,6 +254,7 @@ async def test_cancelling_the_task_that_closes_a_stream_still_cancels_it(toy):
         with pytest.raises(asyncio.CancelledError):
             await closing
         assert session.call.done()
+
 
 # ---- capacity, versions, credentials ----------------------------------------------------------------------
 
