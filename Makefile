@@ -202,3 +202,11 @@ study-smoke: $(STAMP)
 real-model-check: $(STAMP)
 	$(PY) -m env_server.data fetch smollm2
 	$(PY) benchmarks/real_model_check.py --config configs/real_model_check.yaml
+
+# ---- the keyrooms example env server in JavaScript (examples/keyrooms, docs/ENVIRONMENTS.md) -------------------
+# Its npm packages from its lockfile, then its own tests (node --test). Start it with
+# `node examples/keyrooms/src/server.js --port 50061`, then `make conformance CONFORMANCE_TARGET=127.0.0.1:50061 CONFORMANCE_ENV=keyrooms`.
+.PHONY: example-env
+example-env:
+	npm ci --prefix examples/keyrooms --no-audit --no-fund
+	npm test --prefix examples/keyrooms
