@@ -16,7 +16,7 @@ from typing import Any
 
 from env_server import registry
 from env_server.config import MIB, ServerConfig
-from env_server.envs.base import Split, StepResult, Task, UnknownSplit
+from env_server.envs.base import InvalidOptions, Split, StepResult, Task, UnknownSplit, unknown_options_problem
 from env_server.episode import EpisodeSpec, Transition
 from env_server.errors import InvalidRequest, NoWorker, SessionLost, UnknownEnv, UnknownSession, WorkerFailure
 from env_server.metrics import ServerMetrics
@@ -60,12 +60,17 @@ class Load:
         return sum(w.rss_bytes for w in self.workers)
 
 
+def is_ascii_number(text: str) -> bool:
+    """Digits 0-9 only: str.isdecimal() also takes other scripts' digits ("٣" is 3 to int())."""
+    return text.isascii() and text.isdecimal()
+
+
 def page_of(tasks: tuple[Task, ...], page_size: int, page_token: str) -> TaskPage:
     """One page of `tasks`; page_size 0 means all of them. The token is the next offset, as text."""
     if page_size < 0:
         raise InvalidRequest(f"page_size must be >= 0, got {page_size}")
     # The length check comes first: int() refuses (ValueError) strings of over 4,300 digits.
-    if page_token and not (page_token.isdecimal() and len(page_token) <= len(str(len(tasks)))
+    if page_token and not (is_ascii_number(page_token) and len(page_token) <= len(str(len(tasks)))
                            and int(page_token) <= len(tasks)):
         raise InvalidRequest(f"page_token {page_token!r} is not one this server issued")
     start = int(page_token or 0)
@@ -135,6 +140,10 @@ class EnvBackend:
     async def reset(self, spec: EpisodeSpec) -> Transition:
         """Start an episode (or return the first Transition of the living one with this episode_id)."""
         self._split(spec.env, spec.split)  # fail fast, before a session slot is taken
+        problem = unknown_options_problem(spec.env, self.groups[spec.env].description.reset_options,
+                                          (key for key, _ in spec.options))
+        if problem:
+            raise InvalidOptions(problem)
         # A reset abandoned by its caller is released, unless its episode_id lets a retry claim it.
         on_abandoned = None if spec.episode_id else self._release_abandoned
         return await _detached(self._reset(spec), on_abandoned)
@@ -181,6 +190,7 @@ class EnvBackend:
                 break
             async with session.lock:  # the first Reset of this episode_id may still be running
                 if session.transitions and session.ended is None:
+                    self.table.refuse_if_finished(session)  # a step may have ended it while this one waited
                     return session.transitions[0]
             # That Reset failed or its session ended: open a fresh one.
         self._note_change()

@@ -12,6 +12,12 @@ from env_server.envs.base import StepResult
 from env_server.errors import InvalidRequest
 from limen.env.v1.outcome import outcome
 
+# A session keeps its spec for replay and echoes episode_id in every Transition, and the server holds up to
+# max_sessions live plus max_finished_sessions finished ones: unbounded, these two fields alone could fill
+# its memory. Both limits are in UTF-8 bytes; the options' one counts keys and values together.
+MAX_EPISODE_ID_BYTES = 256
+MAX_OPTIONS_BYTES = 4096
+
 
 @dataclass(frozen=True)
 class EpisodeSpec:
@@ -31,6 +37,19 @@ class EpisodeSpec:
             raise InvalidRequest("task_id must be set")
         if self.max_turns < 0:
             raise InvalidRequest(f"max_turns must be >= 0 (0 = the env's default), got {self.max_turns}")
+        id_bytes = len(self.episode_id.encode())
+        if id_bytes > MAX_EPISODE_ID_BYTES:
+            raise InvalidRequest(f"episode_id is {id_bytes} bytes; this server accepts at most "
+                                 f"{MAX_EPISODE_ID_BYTES}")
+        options_bytes = options_size(self.options)
+        if options_bytes > MAX_OPTIONS_BYTES:
+            raise InvalidRequest(f"the reset options are {options_bytes} bytes (keys and values); this server "
+                                 f"accepts at most {MAX_OPTIONS_BYTES}")
+
+
+def options_size(options: tuple[tuple[str, str], ...]) -> int:
+    """UTF-8 bytes of the options' keys and values together."""
+    return sum(len(key.encode()) + len(value.encode()) for key, value in options)
 
 
 @dataclass(frozen=True)

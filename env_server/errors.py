@@ -20,6 +20,11 @@ class UnknownEnv(EnvError):
     """The env is not served here (NOT_FOUND)."""
 
 
+class AnswerTooLate(Exception):
+    """A Reset finished too close to its caller's deadline for the answer to arrive in time; its session
+    was released rather than handed out (DEADLINE_EXCEEDED)."""
+
+
 # ---- the session table ---------------------------------------------------------------------------------
 class SessionError(Exception):
     """Base of the session table's own refusals; the servicer maps each to one status code."""

@@ -88,11 +88,14 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or not handler_call_details.method.startswith(f"/{ENV_SERVICE}/"):
             return handler
-        sent = dict(handler_call_details.invocation_metadata or ()).get("authorization", "")
-        if hmac.compare_digest(sent.encode(), self._expected):
+        sent = authorization_values(handler_call_details.invocation_metadata)
+        if len(sent) == 1 and hmac.compare_digest(sent[0].encode(), self._expected):
             return handler
         self._metrics.errors.labels(handler_call_details.method.rsplit("/", 1)[-1], "UNAUTHENTICATED").inc()
-        return _rejecting(handler)
+        # Two headers are refused rather than one picked: proxies and clients disagree on which one counts.
+        why = (f"{len(sent)} 'authorization' metadata entries: send exactly one" if len(sent) > 1
+               else "missing or wrong bearer token")
+        return _rejecting(handler, f"{why}: send metadata 'authorization: Bearer <token>'")
 
 
 class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
@@ -132,11 +135,15 @@ class _Malformed:
     reason: str
 
 
-def _rejecting(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as `handler` that answers UNAUTHENTICATED."""
+def authorization_values(metadata) -> list[str]:
+    """Every value a call's metadata gives the `authorization` key (gRPC keys are lower case)."""
+    return [value for key, value in metadata or () if key == "authorization"]
+
+
+def _rejecting(handler: grpc.RpcMethodHandler, details: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that answers UNAUTHENTICATED with `details`."""
     async def reject(request_or_iterator, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                            "missing or wrong bearer token: send metadata 'authorization: Bearer <token>'")
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, details)
 
     factory = {
         (False, False): grpc.unary_unary_rpc_method_handler,

@@ -17,7 +17,8 @@ from env_server.backend import EnvBackend, Load
 from env_server.envs.base import EnvError, EpisodeOver, NotReset, Split, TaskExcluded, UnknownSplit, UnknownTask
 from env_server.episode import EpisodeSpec, Transition
 from env_server.errors import (
-    Draining, EnvTimeout, InvalidRequest, NoWorker, ServerFull, UnknownEnv, UnknownSession, WorkerFailure,
+    AnswerTooLate, Draining, EnvTimeout, InvalidRequest, NoWorker, ServerFull, UnknownEnv, UnknownSession,
+    WorkerFailure,
 )
 from env_server.metrics import ServerMetrics
 from env_server.workers.protocol import EnvDescription
@@ -41,6 +42,7 @@ STATUS_BY_ERROR: dict[type[Exception], grpc.StatusCode] = {
     Draining: grpc.StatusCode.UNAVAILABLE,
     NoWorker: grpc.StatusCode.UNAVAILABLE,
     EnvTimeout: grpc.StatusCode.DEADLINE_EXCEEDED,
+    AnswerTooLate: grpc.StatusCode.DEADLINE_EXCEEDED,
     WorkerFailure: grpc.StatusCode.ABORTED,
 }
 
@@ -59,6 +61,23 @@ def bounded_details(text: str) -> str:
     if len(text) <= MAX_DETAILS_CHARS:
         return text
     return f"{text[:MAX_DETAILS_CHARS]}... ({len(text) - MAX_DETAILS_CHARS} more characters)"
+
+
+# gRPC sends a call's deadline as a timeout rounded up (to the millisecond below 1 s, to 3 significant digits
+# above), so the server's copy of it ends up to that much after the client's; the answer also needs time to
+# travel. An answer ready within this margin of the deadline would likely reach a client that stopped waiting.
+ANSWER_MARGIN_S = 0.002
+ANSWER_MARGIN_FRACTION = 0.01
+
+
+def answer_margin_s(timeout_s: float) -> float:
+    return ANSWER_MARGIN_S + ANSWER_MARGIN_FRACTION * timeout_s
+
+
+def answer_would_be_late(timeout_s: float | None, remaining_s: float | None) -> bool:
+    """Whether an answer with `remaining_s` left of a call's deadline (`timeout_s` when the call began;
+    None: no deadline) should be given up as undeliverable."""
+    return timeout_s is not None and remaining_s is not None and remaining_s < answer_margin_s(timeout_s)
 
 
 # ---- proto -> domain ---------------------------------------------------------------------------------
@@ -136,7 +155,18 @@ class EnvService(env_pb2_grpc.EnvServiceServicer):
 
     async def Reset(self, request: env_pb2.ResetRequest, context) -> env_pb2.Transition:
         async with self._answering(context, "Reset"):
-            return transition_pb(await self._backend.reset(spec_from_pb(request)))
+            timeout_s = context.time_remaining()
+            transition = await self._backend.reset(spec_from_pb(request))
+            # grpc.aio does not tell a handler whether its answer reached the client, and a cancellation that
+            # arrives once the handler has returned is not raised in it: without an episode_id, a session whose
+            # answer is lost then holds a slot nobody can claim or close. So one unlikely to arrive in time is
+            # released here instead (with an episode_id, a retry claims it as usual).
+            if not transition.spec.episode_id and answer_would_be_late(timeout_s, context.time_remaining()):
+                self._backend.release(transition.session_id, "was released: its Reset finished too close to the "
+                                                             "client's deadline for the answer to arrive")
+                raise AnswerTooLate(f"the reset finished within {answer_margin_s(timeout_s) * 1000:.0f} ms of the "
+                                    "call's deadline, too late for its answer to arrive; its session was released")
+            return transition_pb(transition)
 
     async def Step(self, request: env_pb2.StepRequest, context) -> env_pb2.Transition:
         async with self._answering(context, "Step"):

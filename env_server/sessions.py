@@ -92,6 +92,7 @@ class SessionTable:
             if session.spec != spec:
                 raise InvalidRequest(f"episode_id {spec.episode_id!r} is already in use by session "
                                      f"{session.session_id} with a different env/split/task/seed/options")
+            self.refuse_if_finished(session)
             return session, False
         if self.draining:
             raise Draining("the server is draining and opens no new sessions; try another server")
@@ -105,6 +106,14 @@ class SessionTable:
         if spec.episode_id:
             self._by_episode_id[spec.episode_id] = session
         return session, True
+
+    @staticmethod
+    def refuse_if_finished(session: Session) -> None:
+        """A Reset repeating a finished episode's id gets the episode's end, not its start over again: the
+        first Transition would say the episode goes on, and a new episode would make the id name two."""
+        if session.done:
+            raise EpisodeOver(f"episode_id {session.spec.episode_id!r} (session {session.session_id}) ended at "
+                              f"step {len(session.transitions) - 1}; a new episode needs a new episode_id")
 
     # ---- lookup and steps --------------------------------------------------------------------------
     def get(self, session_id: str) -> Session:

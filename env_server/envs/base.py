@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -39,6 +40,16 @@ class NotReset(EnvError):
 
 class InvalidOptions(EnvError, ValueError):
     """Reset options the env does not take (INVALID_ARGUMENT); a ValueError too, as bad arguments are."""
+
+
+def unknown_options_problem(env: str, known: Iterable[str], options: Iterable[str]) -> str:
+    """Why reset `options` (their keys) are refused by an env that reads `known`; "" when they are not."""
+    unknown = sorted(set(options) - set(known))
+    if not unknown:
+        return ""
+    quoted = [key if len(key) <= 40 else f"{key[:40]}..." for key in unknown[:5]]
+    takes = f"takes only the reset options {sorted(known)}" if known else "takes no reset options"
+    return f"{env} {takes}; got {quoted}{' and more' if len(unknown) > 5 else ''}"
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,8 @@ class TextEnv(abc.ABC):
     name: ClassVar[str]
     code_version: ClassVar[str] = "0"
     default_max_turns: ClassVar[int] = 50
+    # The reset option keys this env reads; a reset naming any other is refused (InvalidOptions).
+    reset_options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self) -> None:
         self._turns = 0
@@ -149,6 +162,9 @@ class TextEnv(abc.ABC):
             raise TaskExcluded(f"{self.name}: task {task_id!r} is excluded: {task.excluded_reason}")
         if max_turns < 0:
             raise ValueError(f"max_turns must be >= 0, got {max_turns}")
+        problem = unknown_options_problem(self.name, self.reset_options, options or {})
+        if problem:
+            raise InvalidOptions(problem)
         self._max_turns = max_turns or self.default_max_turns
         self._turns = 0
         result = self._reset(split, task, seed, dict(options or {}))

@@ -24,6 +24,7 @@ class FaultyEnv(ToyEnv):
 
     name = "faulty"
     code_version = "faulty-1"
+    reset_options = frozenset({"reset_delay_s"})
 
     def splits(self) -> dict[str, Split]:
         splits = super().splits()

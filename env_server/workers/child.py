@@ -40,7 +40,7 @@ class WorkerState:
         env = registry.make(self.env_name, **self.options)
         try:
             return EnvDescription(env.name, env.version, env.code_version, env.data_hash(), env.splits(),
-                                  env.default_max_turns)
+                                  env.default_max_turns, frozenset(env.reset_options))
         finally:
             env.close()
 

@@ -32,6 +32,7 @@ class EnvDescription:
     data_hash: str
     splits: dict[str, Split]
     default_max_turns: int
+    reset_options: frozenset[str] = frozenset()  # the reset option keys the env reads
 
 
 # ---- server -> worker --------------------------------------------------------------------------------

@@ -149,3 +149,22 @@ async def _until(condition, timeout: float) -> None:
     async with asyncio.timeout(timeout):
         while not condition():
             await asyncio.sleep(0.05)
+
+
+# ---- a finished episode's id (issue 40) ----------------------------------------------------------------
+async def test_a_reset_with_a_finished_episodes_id_answers_that_it_ended(server):
+    first = await server.reset("goto-000", episode_id="e", max_turns=1)
+    last = await server.step(first.session_id, 1, "look")
+    assert last.truncated
+    for call in (server.reset("goto-000", episode_id="e", max_turns=1),
+                 server.stub.Episode(iter([env_pb2.EpisodeRequest(reset=env_pb2.ResetRequest(
+                     env="toy", split="train", task_id="goto-000", episode_id="e", max_turns=1))])).read()):
+        error = await server.error(call)
+        # Not the episode's start over again (a step-0 Transition that says it goes on), nor a new episode.
+        assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "ended at step 1" in error.details() and "new episode_id" in error.details()
+    assert (await server.load()).active_sessions == 0
+    # Once the session is closed, the id is free again.
+    await server.stub.Close(env_pb2.CloseRequest(session_id=first.session_id))
+    again = await server.reset("goto-000", episode_id="e", max_turns=1)
+    assert again.session_id != first.session_id and again.step_index == 0

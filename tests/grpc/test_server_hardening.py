@@ -161,3 +161,51 @@ async def test_mutual_tls_and_token_end_to_end_through_the_env_pool(launch, tmp_
                                **identity) as refused:
                 with pytest.raises(NoServerAvailable, match="unreachable"):
                     await refused.open("toy", "train", "fetch-001")
+
+
+# ---- issue 40: bounded reset fields, unknown options, page tokens, duplicate tokens ------------------------
+async def test_episode_id_and_reset_options_over_their_limits_are_invalid_argument(server):
+    too_long = [({"episode_id": "e" * 1_000_000}, "episode_id is 1000000 bytes"),
+                ({"episode_id": "é" * 129}, "episode_id is 258 bytes"),   # bytes, not characters
+                ({"options": {"reset_delay_s": "0" * 2_000_000}}, "reset options are 2000013 bytes"),
+                ({"options": {"x" * 2_000_000: "1"}}, "reset options are 2000001 bytes")]
+    for fields, details in too_long:
+        for env in ("toy", "faulty"):
+            error = await server.error(server.reset(env=env, **fields))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and details in error.details()
+    assert (await server.load()).active_sessions == 0
+    at_limits = await server.reset(env="faulty", episode_id="e" * 256, options={"reset_delay_s": "0" * 4000})
+    assert at_limits.episode_id == "e" * 256
+
+
+async def test_reset_option_keys_an_env_does_not_read_are_refused_with_the_keys_it_reads(server):
+    error = await server.error(server.reset(env="faulty", options={"reset_delay_s": "0", "colour": "red"}))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "faulty takes only the reset options ['reset_delay_s']; got ['colour']" in error.details()
+    error = await server.error(server.reset(env="toy", options={"colour": "red"}))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "toy takes no reset options" in error.details()
+    assert (await server.load()).active_sessions == 0
+    assert (await server.reset(env="faulty", options={"reset_delay_s": "0"})).session_id
+
+
+async def test_list_tasks_takes_ascii_digits_only_as_a_page_token(server):
+    request = env_pb2.ListTasksRequest(env="toy", split="train", page_size=2)
+    assert (await server.stub.ListTasks(request)).next_page_token == "2"
+    for token in ("٣", "３", "1٣"):   # Arabic-Indic and fullwidth digits: str.isdecimal() takes both
+        request.page_token = token
+        error = await server.error(server.stub.ListTasks(request))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "not one this server issued" in error.details()
+    request.page_token = "3"
+    assert (await server.stub.ListTasks(request)).next_page_token == "5"
+
+
+async def test_more_than_one_authorization_entry_is_refused(launch):
+    right, wrong = ("authorization", f"Bearer {TOKEN}"), ("authorization", "Bearer wrong")
+    async with launch(auth_token=TOKEN) as server:
+        for method in ("GetLoad", "Episode"):
+            assert await status_of(server.channel, method, REQUESTS[method], (right,)) == grpc.StatusCode.OK
+            for metadata in [(wrong, right), (right, wrong), (right, right)]:
+                assert await status_of(server.channel, method, REQUESTS[method], metadata) \
+                    == grpc.StatusCode.UNAUTHENTICATED
+        error = await server.error(server.stub.GetLoad(env_pb2.GetLoadRequest(), metadata=(wrong, right)))
+        assert "2 'authorization' metadata entries" in error.details()

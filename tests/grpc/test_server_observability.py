@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
+import time
 import urllib.request
 
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from env_server.metrics import METRICS_MAX_CONNECTIONS, ServerMetrics
 from env_server.server import ENV_SERVICE
 from limen.env.v1 import env_pb2
 
@@ -85,3 +89,50 @@ async def test_get_load_reports_sessions_and_workers(server):
     assert len(load.workers) == 2 and all(w.rss_bytes > 0 and w.episodes_served == 1 for w in load.workers)
     assert load.worker_rss_bytes == sum(w.rss_bytes for w in load.workers)
     assert load.server_id and load.server_id == (await server.load()).server_id
+
+
+# ---- the metrics port against idle connections (issue 40) ------------------------------------------------
+def half_sent_requests(port: int, count: int) -> list[socket.socket]:
+    """`count` connections, each with a request line and no end of headers: the server waits for more."""
+    connections = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(count)]
+    for connection in connections:
+        connection.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+    return connections
+
+
+def connection_threads() -> int:
+    """Threads serving an HTTP connection (socketserver.ThreadingMixIn names them after its method)."""
+    return sum("process_request_thread" in thread.name for thread in threading.enumerate())
+
+
+def most_connection_threads_over(seconds: float) -> int:
+    most, until = connection_threads(), time.monotonic() + seconds
+    while time.monotonic() < until:
+        most = max(most, connection_threads())
+        time.sleep(0.02)
+    return most
+
+
+async def test_idle_metrics_connections_take_a_bounded_number_of_threads(launch):
+    async with launch(metrics_port=0) as server:
+        connections = await asyncio.to_thread(half_sent_requests, server.running.metrics_port, 60)
+        try:
+            # Before the fix each one pinned a thread of the server's process, with no end.
+            assert 0 < await asyncio.to_thread(most_connection_threads_over, 1.0) <= METRICS_MAX_CONNECTIONS
+        finally:
+            for connection in connections:
+                connection.close()
+        await asyncio.sleep(0.2)   # the server sees them closed and frees their threads
+        assert "limen_session_capacity" in await asyncio.to_thread(scrape, server.running.metrics_port)
+
+
+def test_a_metrics_connection_silent_past_the_read_timeout_is_dropped():
+    port, stop = ServerMetrics().serve_http("127.0.0.1", 0, read_timeout_s=0.3)
+    try:
+        [connection] = half_sent_requests(port, 1)
+        started = time.monotonic()
+        assert connection.recv(1) == b""   # closed by the server, unanswered
+        assert 0.2 < time.monotonic() - started < 3
+        assert "limen_session_capacity" in scrape(port)
+    finally:
+        stop()

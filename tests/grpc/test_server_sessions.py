@@ -1,6 +1,7 @@
 """Sessions over the wire: many at once, streams that end early, capacity, readiness, idle expiry."""
 
 import asyncio
+import random
 
 import grpc
 import pytest
@@ -162,3 +163,33 @@ async def test_list_tasks_pages_cover_the_split_once(server, page_size):
         if not token:
             break
     assert len(ids) == len(set(ids)) == 120 and "excluded-000" not in ids
+
+
+# ---- Resets abandoned just as the server answers (issue 40) -------------------------------------------
+async def abandon_resets(stub, count: int, rng: random.Random) -> int:
+    """Resets with a deadline of 0.4-1.2 ms, about what a toy reset takes, closing each that succeeds; the
+    number that did not."""
+    request = env_pb2.ResetRequest(env="toy", split="train", task_id="goto-000")
+    failed = 0
+    for _ in range(count):
+        try:
+            first = await stub.Reset(request, timeout=rng.uniform(0.4e-3, 1.2e-3))
+        except grpc.aio.AioRpcError as error:
+            assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            failed += 1
+        else:
+            await stub.Close(env_pb2.CloseRequest(session_id=first.session_id))
+    return failed
+
+
+async def test_resets_abandoned_as_the_server_answers_hold_no_slot(launch):
+    # Four clients at once: the server answers some Resets just as their deadline passes, and before the fix
+    # 600 left 30-40 sessions live with no id anyone could close (they held their slots for idle_ttl_s).
+    async with launch(envs=("toy",), entry_points={}, workers=2) as server:
+        failed = await asyncio.gather(*(abandon_resets(server.stub, 150, random.Random(i)) for i in range(4)))
+        assert sum(failed) > 0   # the deadlines did bite
+        await _until(lambda load: load.active_sessions == 0, server, timeout=3.0)
+        # A deadline that leaves time for the answer still gets its session.
+        first = await server.stub.Reset(env_pb2.ResetRequest(env="toy", split="train", task_id="goto-000"),
+                                        timeout=5.0)
+        assert first.session_id and (await server.load()).active_sessions == 1

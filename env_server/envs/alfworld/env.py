@@ -17,7 +17,7 @@ from pathlib import Path
 from env_server.envs.alfworld import generate
 from env_server.envs.alfworld.engine import ENGINES, Engine, Expert
 from env_server.envs.alfworld.games import SPLIT_ROOT, GameSplit, read_splits
-from env_server.envs.base import InvalidOptions, Split, StepResult, Task, TextEnv
+from env_server.envs.base import Split, StepResult, Task, TextEnv
 
 # Listed by the game but not a move: it prints the command list. verl-agent drops it from prompts too.
 HIDDEN_COMMANDS = frozenset({"help"})
@@ -100,8 +100,6 @@ class AlfWorldEnv(TextEnv):
 
     # ---- episode -----------------------------------------------------------------------------------
     def _reset(self, split: str, task: Task, seed: int, options: dict[str, str]) -> StepResult:
-        if options:
-            raise InvalidOptions(f"alfworld takes no reset options, got {sorted(options)}")
         game_file = self._game_splits()[split].game_files[task.task_id]
         if self._engine is None:
             self._engine = ENGINES.acquire()

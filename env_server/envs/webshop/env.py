@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 
-from env_server.envs.base import InvalidOptions, Split, StepResult, Task, TextEnv
+from env_server.envs.base import Split, StepResult, Task, TextEnv
 from env_server.envs.webshop.goals import split_ranges
 from env_server.envs.webshop.pages import (
     RENDERERS,
@@ -104,8 +104,6 @@ class WebShopEnv(TextEnv):
 
     def _reset(self, split: str, task: Task, seed: int, options: dict[str, str]) -> StepResult:
         # `seed` changes nothing: a WebShop episode has no randomness once its goal is fixed.
-        if options:
-            raise InvalidOptions(f"webshop takes no reset options, got {sorted(options)}")
         self._task = task
         goal = self.world.goals[int(task.task_id)]
         if self.observation_mode == "browser":
