@@ -1,4 +1,5 @@
-"""Reset+Close latency on a server holding many finished sessions that nobody closed (issue 19).
+"""Reset+Close latency on a server holding many finished sessions that nobody closed (issue 19), and the
+slots that Resets abandoned at their deadline leave held (issue 40).
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/ended_sessions.py [--unclosed 0,3000,10000]
         [--samples 300] [--json out.json] [--set finished_grace_s=3600 --set max_finished_sessions=20000]
@@ -12,6 +13,14 @@ p90 in ms, and how many sessions the server's table still held when measured.
 text) straight into the server's session table, as its own calls would: for code whose every call scans the
 table, filling 10,000 over the wire takes hours on a loaded machine. The timed Reset+Close pairs always go
 over the wire.
+
+--abandoned N measures instead the slots that abandoned Resets leave held (issue 40): on a fresh server, N toy
+Resets over --clients concurrent clients, each with a deadline drawn uniformly from --deadline-ms (about what
+a reset takes, so some answers are ready just as their client stops waiting), closing each that succeeds;
+then, after a second, GetLoad's active_sessions: the slots held by sessions nobody can close (expected 0).
+
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/ended_sessions.py --abandoned 600 --clients 4 \
+        [--deadline-ms 0.4,1.2] [--set workers=2]
 
 `--set key=value` sets a ServerConfig field (repeatable), e.g. to keep every finished session so that the
 table really holds N. To measure older code, put its checkout first on the import path:
@@ -29,6 +38,7 @@ import asyncio  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import random  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -124,6 +134,38 @@ async def measure(config: ServerConfig, unclosed: int, samples: int, fill: str) 
                 "samples": samples}
 
 
+async def abandon_resets(stub, count: int, deadline_ms: tuple[float, float], seed: int) -> dict[str, int]:
+    """`count` Resets with deadlines drawn from `deadline_ms`, closing each that succeeds; outcomes by code."""
+    rng = random.Random(seed)
+    request = env_pb2.ResetRequest(env="toy", split="train", task_id="goto-000")
+    outcomes: dict[str, int] = {}
+    for _ in range(count):
+        try:
+            first = await stub.Reset(request, timeout=rng.uniform(*deadline_ms) / 1000)
+            await stub.Close(env_pb2.CloseRequest(session_id=first.session_id))
+            code = "OK"
+        except grpc.aio.AioRpcError as error:
+            code = error.code().name
+        outcomes[code] = outcomes.get(code, 0) + 1
+    return outcomes
+
+
+async def measure_abandoned(config: ServerConfig, resets: int, clients: int, deadline_ms: tuple[float, float],
+                            settle_s: float = 1.0) -> dict:
+    async with serve(config) as running, grpc.aio.insecure_channel(running.address) as channel:
+        stub = env_pb2_grpc.EnvServiceStub(channel)
+        shares = [resets // clients + (i < resets % clients) for i in range(clients)]
+        per_client = await asyncio.gather(*(abandon_resets(stub, share, deadline_ms, seed)
+                                            for seed, share in enumerate(shares)))
+        await asyncio.sleep(settle_s)   # a release runs once its call is over
+        outcomes: dict[str, int] = {}
+        for client in per_client:
+            for code, count in client.items():
+                outcomes[code] = outcomes.get(code, 0) + count
+        return {"resets": resets, "clients": clients, "deadline_ms": list(deadline_ms), "outcomes": outcomes,
+                "slots_held": (await stub.GetLoad(env_pb2.GetLoadRequest())).active_sessions}
+
+
 def code_revision() -> str:
     root = Path(env_server.__file__).resolve().parent.parent
     try:
@@ -143,6 +185,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fill", choices=("wire", "table"), default="wire",
                         help="play the unclosed episodes over the wire, or record copies of one into the table")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a ServerConfig field")
+    parser.add_argument("--abandoned", type=int, default=0,
+                        help="measure the slots held after this many Resets with tight deadlines instead")
+    parser.add_argument("--clients", type=int, default=1, help="concurrent clients of --abandoned")
+    parser.add_argument("--deadline-ms", default="0.4,1.2", help="--abandoned deadlines: uniform in LOW,HIGH ms")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     overrides = dict(item.split("=", 1) for item in args.set)
@@ -152,6 +198,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"code: {report['code']}; fill: {args.fill}; overrides: {overrides or 'none'}; "
           f"load {report['loadavg_before']}",
           file=sys.stderr)
+    if args.abandoned:
+        low, high = (float(ms) for ms in args.deadline_ms.split(","))
+        result = asyncio.run(measure_abandoned(config, args.abandoned, args.clients, (low, high)))
+        report["abandoned"] = {**result, "loadavg": os.getloadavg()}
+        print(f"{args.abandoned} Resets over {args.clients} client(s), deadlines {low:g}-{high:g} ms: "
+              f"{result['outcomes']}; slots held after: {result['slots_held']}", file=sys.stderr)
+        if args.json:
+            args.json.write_text(json.dumps(report, indent=2) + "\n")
+        return
     for level in (int(n) for n in args.unclosed.split(",")):
         result = asyncio.run(measure(config, level, args.samples, args.fill))
         result["loadavg"] = os.getloadavg()
