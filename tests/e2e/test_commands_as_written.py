@@ -45,11 +45,15 @@ ENTRYPOINT_SCRIPT = REPO / "scripts" / "env-entrypoint.sh"
 TOOLS = REPO / ".cache" / "tools"
 OFFICIAL_SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
 # The images, by the name compose, Kubernetes and `docker run` lines use, and what their ENTRYPOINT runs.
-IMAGE_DOCKERFILES = {"limen-env": REPO / "Dockerfile.env", "limen-train": REPO / "Dockerfile.train"}
+IMAGE_DOCKERFILES = {"limen-env": REPO / "Dockerfile.env", "limen-train": REPO / "Dockerfile.train",
+                     "limen-example-keyrooms": REPO / "examples" / "keyrooms" / "Dockerfile"}
 # Words that mark a line as starting a limen process: a line with one that no handler below takes fails the test
 # instead of being skipped, so a new kind of command cannot go untested unnoticed.
 LIMEN_WORDS = re.compile(r"\blimen-(train|eval|env-server|data|entrypoint)\b|\btrainer_client\b|\benv_server\b|"
                          r"benchmarks/\w+\.py|\bmake\s+\w|\bdocker\s+(compose|run|build)\b|\bkubectl\b")
+
+# The example env servers in other languages (examples/, docs/ENVIRONMENTS.md): their node and npm lines too.
+LIMEN_WORDS = re.compile(LIMEN_WORDS.pattern + r"|\b(node|npm)\s.*\bexamples/")
 
 
 @dataclass(frozen=True)
@@ -342,9 +346,37 @@ def run_through_parser(command: Command, cwd: Path) -> str:
     elif program == "kubectl":
         directory = args[args.index("-k") + 1]
         assert (REPO / directory / "kustomization.yaml").is_file(), directory
+    elif program in ("node", "npm"):
+        check_example_command(program, args)
     else:
         raise AssertionError(f"no parser known for {program!r}")
     return program
+
+
+def check_example_command(program: str, args: list[str]) -> None:
+    """`node examples/NAME/...js ARGS`: the script exists and takes ARGS (its own --dry-run parses them);
+    `npm VERB --prefix examples/NAME`: the package, its lockfile and the script the verb runs exist."""
+    if program == "node":
+        script = REPO / args[0]
+        assert script.is_file(), f"{args[0]} does not exist"
+        package = next(p for p in script.parents if (p / "package.json").is_file())
+        node = shutil.which("node")
+        if node is None or not (package / "node_modules").is_dir():
+            pytest.skip(f"node or {package.relative_to(REPO)}/node_modules is missing (make example-env)")
+        done = subprocess.run([node, str(script), *args[1:], "--dry-run"], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        return
+    prefix = REPO / args[args.index("--prefix") + 1]
+    scripts = json.loads((prefix / "package.json").read_text()).get("scripts", {})
+    assert (prefix / "package-lock.json").is_file(), f"{prefix} has no lockfile for npm ci"
+    verb = args[0]
+    if verb == "run":
+        assert args[1] in scripts, f"npm script {args[1]!r} not in {prefix}/package.json"
+    elif verb in ("start", "test"):
+        assert verb in scripts, f"npm script {verb!r} not in {prefix}/package.json"
+    else:
+        assert verb == "ci", f"npm {verb}: only ci, start, test and run are checked"
 
 
 def dry_run(main, args: list[str]) -> None:
@@ -468,6 +500,8 @@ def test_command_is_accepted_by_its_parser(command, in_checkout):
     ("make", "no-such-target"),
     ("docker", "compose", "--profile", "gpu", "up"),
     ("kubectl", "apply", "-k", "deploy/k8s/overlays/maze"),
+    ("node", "examples/keyrooms/src/server.js", "--no-such-flag", "1"),
+    ("npm", "run", "no-such-script", "--prefix", "examples/keyrooms"),
 ])
 def test_a_broken_command_fails_its_check(argv, in_checkout):
     """The checks can fail: commands as they were (or might be) written wrong are refused."""
