@@ -10,7 +10,10 @@ import math
 import os
 import platform
 import statistics
+import subprocess
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def fix_threads(threads: int = 1) -> None:
@@ -98,3 +101,30 @@ def reference_step_seconds(repeats: int = 3, seed: int = 0) -> float:
         best = min(best, time.perf_counter() - started)
         model.zero_grad(set_to_none=True)
     return best
+
+
+def commit(paths: Sequence[Path], message: str, attempts: int = 30) -> bool:
+    """`git add` then `git commit -- paths` in the repository that holds them: only these paths, whatever else
+    is staged or changed in the work tree. False when nothing changed. Waits out another process's index lock."""
+    top = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=paths[0].resolve().parent, check=True,
+                              capture_output=True, text=True).stdout.strip())
+    names = [str(p.resolve().relative_to(top)) for p in paths]
+    for attempt in range(attempts):
+        if (top / ".git" / "index.lock").exists():
+            time.sleep(2)
+            continue
+        add = subprocess.run(["git", "add", "--", *names], cwd=top, capture_output=True, text=True)
+        if add.returncode == 0:
+            if subprocess.run(["git", "diff", "--cached", "--quiet", "--", *names], cwd=top).returncode == 0:
+                return False
+            done = subprocess.run(["git", "commit", "-q", "-m", message, "--", *names], cwd=top,
+                                  capture_output=True, text=True)
+            if done.returncode == 0:
+                return True
+            error = done.stderr
+        else:
+            error = add.stderr
+        if "index.lock" not in error:
+            raise RuntimeError(f"git in {top} failed: {error.strip()}")
+        time.sleep(2)
+    raise RuntimeError(f"git in {top}: the index stayed locked for {attempts} attempts")

@@ -30,7 +30,6 @@ import random  # noqa: E402
 import shlex  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable, Iterable, Mapping, Sequence  # noqa: E402
@@ -42,7 +41,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from benchlib import cpu_model, reference_step_seconds  # noqa: E402
+from benchlib import commit, cpu_model, reference_step_seconds  # noqa: E402
 from trainer_client import config  # noqa: E402
 from trainer_client.checkpoints import latest_checkpoint  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
@@ -895,33 +894,6 @@ def write_report(cfg: StudyConfig, command: str) -> list[Path]:
     path = report_dir / "RESULTS.md"
     path.write_text(render_results(results, summary, command, notes.read_text() if notes.is_file() else None))
     return [path, *written, measurements]
-
-
-def commit(paths: Sequence[Path], message: str, attempts: int = 30) -> bool:
-    """`git add` then `git commit -- paths` in the repository that holds them: only these paths, whatever else
-    is staged or changed in the work tree. False when nothing changed. Waits out another process's index lock."""
-    top = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=paths[0].resolve().parent, check=True,
-                              capture_output=True, text=True).stdout.strip())
-    names = [str(p.resolve().relative_to(top)) for p in paths]
-    for attempt in range(attempts):
-        if (top / ".git" / "index.lock").exists():
-            time.sleep(2)
-            continue
-        add = subprocess.run(["git", "add", "--", *names], cwd=top, capture_output=True, text=True)
-        if add.returncode == 0:
-            if subprocess.run(["git", "diff", "--cached", "--quiet", "--", *names], cwd=top).returncode == 0:
-                return False
-            done = subprocess.run(["git", "commit", "-q", "-m", message, "--", *names], cwd=top,
-                                  capture_output=True, text=True)
-            if done.returncode == 0:
-                return True
-            error = done.stderr
-        else:
-            error = add.stderr
-        if "index.lock" not in error:
-            raise RuntimeError(f"git in {top} failed: {error.strip()}")
-        time.sleep(2)
-    raise RuntimeError(f"git in {top}: the index stayed locked for {attempts} attempts")
 
 
 # ---- CLI ------------------------------------------------------------------------------------------------------

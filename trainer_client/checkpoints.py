@@ -35,6 +35,7 @@ def save_checkpoint(run_dir: Path, iteration: int, learner: Learner, sampler_pos
         "iteration": iteration,
         "sampler_position": sampler_position,
         "optimizer": learner.optimizer.state_dict(),
+        "sampler_readout_exact": learner.sampler_readout_exact,
         "critic_optimizer": learner.critic_optimizer.state_dict() if learner.critic_optimizer is not None else None,
     }, tmp / "trainer_state.pt")
     shutil.rmtree(final, ignore_errors=True)

@@ -139,10 +139,10 @@ def mean_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 def decoder_layers(module: nn.Module) -> nn.ModuleList:
     """The transformer blocks of a Policy (its model) or a Critic (its backbone)."""
+    from trainer_client.policy.lora import decoder_layers as model_layers
     for candidate in (getattr(module, "model", None), getattr(module, "backbone", None)):
-        base = getattr(candidate, "base_model", None)
-        if base is not None and hasattr(base, "layers"):
-            return base.layers
+        if candidate is not None:
+            return model_layers(candidate)
     raise ValueError(f"no decoder layers found in {type(module).__name__}")
 
 

@@ -67,6 +67,19 @@ def read(samples: Sequence[TurnSample], forward: Callable[[TokenBatch], dict[str
     return stitched
 
 
+@torch.no_grad()
+def with_trunk_features(policy, samples: Sequence[TurnSample], micro_batch_tokens: int) -> list[TurnSample]:
+    """The samples again, each carrying the output of the policy's frozen lower layers for its tokens
+    (Policy.trunk_features), computed once in micro-batches: later passes run only the trained top layers."""
+    out = list(samples)
+    for group in micro_batches([len(s) for s in samples], micro_batch_tokens):
+        chosen = [samples[i] for i in group]
+        features = policy.trunk_features(TokenBatch.from_samples(chosen, pad_id(policy.tokenizer))).cpu()
+        for row, (i, s) in enumerate(zip(group, chosen)):
+            out[i] = TurnSample(s.prompt_ids, s.response_ids, trunk=features[row, :len(s)])
+    return out
+
+
 def policy_readout(policy, samples: Sequence[TurnSample], micro_batch_tokens: int,
                    temperature: float = 1.0) -> Readout:
     """Old log-probs (at `temperature`), entropies, V and Q from the policy, in one pass (no separate

@@ -147,7 +147,7 @@ def expert_texts(episodes: Iterable[ExpertEpisode], prompts: PromptConfig) -> It
         for step, turn in enumerate(e.turns):
             if turn.by_expert:
                 yield (build_prompt(e.env, e.instruction, turn.observation, turn.admissible_actions, history, step,
-                                    prompts), expert_reply(turn.action))
+                                    prompts), expert_reply(turn.action, think=prompts.require_think))
             history.append(PastTurn(turn.observation, turn.action))
 
 

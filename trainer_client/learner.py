@@ -18,8 +18,10 @@ from trainer_client.algorithms import (
 )
 from trainer_client.experience import (
     Readout, critic_readout, pad_id, policy_readout, readout_drift, sampler_readout, turn_batch, turn_samples,
+    with_trunk_features,
 )
 from trainer_client.policy import Critic, Policy, TurnSample
+from trainer_client.policy.model import AdaptersOff
 from trainer_client.rollout import EpisodeRecord
 from trainer_client.timing import Timer
 from trainer_client.train_config import TrainConfig
@@ -33,7 +35,7 @@ class Learner:
 
     policy: Policy
     optimizer: torch.optim.Optimizer
-    reference: Policy | None = None
+    reference: Policy | AdaptersOff | None = None
     critic: Critic | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
     # Whether the sampler's readout equals this learner's own, so the old-policy pass can be skipped:
@@ -48,14 +50,24 @@ class Learner:
 def load_learner(cfg: TrainConfig, needs: EstimatorNeeds, checkpoint: Path | None = None) -> Learner:
     """The models `cfg` and the estimator's `needs` call for, from cfg.model.path or a run checkpoint
     (whose optimizer states the caller restores)."""
-    load = dict(dtype=getattr(torch, cfg.model.dtype), device=cfg.model.device,
-                use_bf16_autocast=cfg.model.bf16_autocast)
-    # Under torchrun every model is FSDP-sharded before an optimizer holds its parameters (distributed.py).
-    policy = distributed.shard(Policy.load(checkpoint / "policy" if checkpoint else cfg.model.path,
-                                           gradient_checkpointing=cfg.model.gradient_checkpointing, **load))
+    load = cfg.model.load_kwargs() | dict(trainable_layers=cfg.model.trainable_layers)
+    lora = cfg.model.lora
+    if lora.enabled and distributed.world_size() > 1:
+        raise ValueError("model.lora is not supported under torchrun yet: run LoRA on one device")
+    # A LoRA run resumes from its base (cfg.model.path) plus the checkpoint's adapters, exactly; any other run
+    # from the checkpoint's weights. Under torchrun every model is FSDP-sharded before an optimizer holds its
+    # parameters (distributed.py).
+    if lora.enabled:
+        policy = Policy.load(cfg.model.path, lora=lora, adapters_from=checkpoint / "policy" if checkpoint else None,
+                             gradient_checkpointing=cfg.model.gradient_checkpointing, **load)
+    else:
+        policy = distributed.shard(Policy.load(checkpoint / "policy" if checkpoint else cfg.model.path,
+                                               gradient_checkpointing=cfg.model.gradient_checkpointing, **load))
     learner = Learner(policy, torch.optim.AdamW(
         policy.parameter_groups(cfg.optim.lr, cfg.optim.value_lr, cfg.optim.weight_decay), eps=cfg.optim.adam_eps))
-    if cfg.loss.kl_coef > 0:  # the frozen starting policy (the run's, not the resumed one's)
+    if cfg.loss.kl_coef > 0 and lora.enabled:  # the starting policy is the base: no second copy
+        learner.reference = AdaptersOff(policy)
+    elif cfg.loss.kl_coef > 0:  # the frozen starting policy (the run's, not the resumed one's)
         learner.reference = distributed.shard(Policy.load(cfg.model.path, tokenizer=policy.tokenizer, **load))
         learner.reference.requires_grad_(False)
     if needs.values in (ValueSource.CRITIC_TURN, ValueSource.CRITIC_TOKEN):
@@ -158,6 +170,9 @@ def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, tim
     estimator = get_estimator(cfg.algo)
     needs = estimator.needs(cfg.advantage)
     samples, tokens = turn_samples(episodes), cfg.optim.micro_batch_tokens
+    if learner.policy.trunk_layers:  # the frozen layers run once; every pass below starts from their output
+        with timer("trunk"):
+            samples = with_trunk_features(learner.policy, samples, tokens)
 
     # 2. Readout (no grad): old log-probs, entropy, and V, Q from the policy's own backbone. A stage an
     #    algorithm does not have (or skips) is not entered, so its time stays exactly 0.

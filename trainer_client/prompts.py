@@ -161,6 +161,8 @@ def turn_penalty(parsed: ParsedAction, admissible_actions: Sequence[str], cfg: P
     return format_penalty(parsed, cfg) + (cfg.unlisted_penalty if unlisted else 0.0)
 
 
-def expert_reply(action: str, thought: str = "") -> str:
-    """The reply an SFT target uses for an expert action."""
-    return f"{THINK_OPEN}{thought}{THINK_CLOSE}{ACTION_OPEN}{action}{ACTION_CLOSE}"
+def expert_reply(action: str, thought: str = "", think: bool = True) -> str:
+    """The reply an SFT target uses for an expert action; without `think`, the action alone (for a prompt
+    config that does not require the <think> part: fewer tokens to generate every turn)."""
+    reasoning = f"{THINK_OPEN}{thought}{THINK_CLOSE}" if think or thought else ""
+    return f"{reasoning}{ACTION_OPEN}{action}{ACTION_CLOSE}"

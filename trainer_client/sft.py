@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainer_client.cli import EnvTarget, check_sft, resolve_tiny_model
-from trainer_client.experience import pad_id
+from trainer_client.experience import pad_id, with_trunk_features
 from trainer_client.experts import ExpertEpisode, expert_episodes, expert_samples, read_jsonl
 from trainer_client.optimizer_steps import optimizer_steps
 from trainer_client.policy import Policy, TokenBatch, TurnSample
@@ -41,7 +41,10 @@ def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: flo
     """
     generator = torch.Generator().manual_seed(seed)
     steps = max(1, math.ceil(epochs * len(samples) / batch_turns))
-    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=lr)
+    if policy.trunk_layers:  # the frozen lower layers run once per sample, not once per epoch
+        samples = with_trunk_features(policy, samples, micro_batch_tokens)
+    trained = policy.trainable_model_parameters()
+    optimizer = torch.optim.AdamW(trained, lr=lr)
     warmup = max(1, steps // 10)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, functools.partial(
         warmup_then_constant_or_linear, warmup=warmup, steps=steps, decay=lr_decay))
@@ -71,7 +74,7 @@ def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: flo
                     loss = -(out.log_probs * out.response_mask).sum() / reply_tokens
                 loss.backward()
                 total += loss.item()
-            torch.nn.utils.clip_grad_norm_(policy.model.parameters(), grad_clip)
+            torch.nn.utils.clip_grad_norm_(trained, grad_clip)
             losses.append(total)
             progress.update(bar, advance=1, loss=total)
     return losses
@@ -95,7 +98,7 @@ def warmup_then_constant_or_linear(step: int, *, warmup: int, steps: int, decay:
 
 def whole_sequence(sample: TurnSample) -> TurnSample:
     ids = sample.prompt_ids + sample.response_ids
-    return TurnSample(ids[:1], ids[1:])
+    return TurnSample(ids[:1], ids[1:], trunk=sample.trunk)
 
 
 def prompt_part_mask(prompt_parts: Sequence[int], response_mask: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch
 ITERATION_STAGES = (
     "generation",     # the policy sampling responses (wall time the backend was busy)
     "env_wait",       # rollout wall time with no generation running: envs and the wire
+    "trunk",          # the frozen lower layers, once per turn (model.trainable_layers; 0 when every layer trains)
     "old_log_prob",   # no-grad policy pass: old log-probs, entropy, the boundary V, Q (0 where the sampler's are reused)
     "ref",            # no-grad reference pass (KL term)
     "values",         # no-grad pass of a separate critic, and bootstrap values of truncated episodes

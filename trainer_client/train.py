@@ -147,6 +147,9 @@ def record_start(run_dir: Path, iteration: int) -> None:
 
 
 def restore_optimizers(learner: Learner, state: dict) -> None:
+    """The optimizer states, and what the first iteration learned about the sampler's readout (a resumed run
+    must take the old log-probs from where the unbroken run took them)."""
+    learner.sampler_readout_exact = state.get("sampler_readout_exact")
     learner.optimizer.load_state_dict(state["optimizer"])
     if learner.critic_optimizer is not None:
         learner.critic_optimizer.load_state_dict(state["critic_optimizer"])

@@ -12,6 +12,7 @@ from trainer_client.algorithms import AdvantageConfig, LossConfig, get_estimator
 from trainer_client.env_pool.config import Transport
 from trainer_client.policy.dtypes import ModelDtype
 from trainer_client.policy.generation import GenerationConfig
+from trainer_client.policy.lora import LoraConfig
 from trainer_client.prompts import PromptConfig
 from trainer_client.rollout import RolloutConfig
 
@@ -26,6 +27,17 @@ class ModelConfig:
     bf16_autocast: bool = False
     """bf16 autocast for forward/backward (fp32 master weights; the value readout stays fp32)."""
     gradient_checkpointing: bool = False
+    trainable_layers: int = 0
+    """Train only the top this many decoder layers (0: all). The frozen layers below run once per turn and
+    their output is reused by every later pass, so each pass and the backward cost only the top layers."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters (lora.r > 0) on the trained layers instead of their full weights; the reference policy
+    is then the same model with its adapters off. Checkpoints hold the merged weights (a plain HF model)."""
+
+    def load_kwargs(self) -> dict:
+        """What Policy.load takes from this section (every model of a run is loaded alike)."""
+        import torch
+        return dict(dtype=getattr(torch, self.dtype), device=self.device, use_bf16_autocast=self.bf16_autocast)
 
 
 @dataclass(frozen=True)

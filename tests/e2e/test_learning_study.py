@@ -142,8 +142,9 @@ def test_results_md_numbers_equal_the_summary_and_results_files(smoke_run):
         assert per_iteration == ("–" if label == "SFT (start)" else f"{run['time_per_iteration']['iteration']:.3f}")
     for row in table_rows(markdown, "Time per iteration and its parts"):
         stages = runs[row[0]]["time_per_iteration"]
-        assert row[1:] == [f"{stages[s]:.3f}" for s in ("generation", "env_wait", "old_log_prob", "ref", "values",
-                                                          "adv", "update_critic", "update_actor", "iteration")]
+        assert row[1:] == [f"{stages[s]:.3f}" for s in ("generation", "env_wait", "trunk", "old_log_prob", "ref",
+                                                          "values", "adv", "update_critic", "update_actor",
+                                                          "iteration")]
     stage_rows = {row[0]: row[1] for row in table_rows(markdown, "Wall time per stage")}
     assert stage_rows["SFT start: sft"] == f"{runs['SFT (start)']['seconds']['sft'] / 60:.1f}"
     assert stage_rows["grpo: RL"] == f"{runs['grpo']['seconds']['train'] / 60:.1f}"
@@ -277,7 +278,7 @@ def made_up_results(study, wins=WINS, seconds=None):
         return {"env": "toy", "split": "test", "tasks_played": 40, "split_tasks": 40, "runs": [run(0), run(1)]}
 
     def timing(total: float) -> dict:
-        return {stage: 0.0 for stage in ("generation", "env_wait", "old_log_prob", "ref", "values", "adv",
+        return {stage: 0.0 for stage in ("generation", "env_wait", "trunk", "old_log_prob", "ref", "values", "adv",
                                          "update_critic", "update_actor")} | {"iteration": total}
 
     sft = {seed: {"evaluations": {"test": evaluation(wins["SFT"])}, "seconds": {"sft": 60.0},

@@ -8,7 +8,7 @@ P - 1 (the last prompt token), is also where V is read; Q is read at P + R - 1 (
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -20,6 +20,9 @@ class TurnSample:
     unless it was cut at the length limit)."""
     prompt_ids: tuple[int, ...]
     response_ids: tuple[int, ...]
+    trunk: Tensor | None = field(default=None, compare=False, repr=False)
+    """[len, H]: the frozen lower layers' output for these tokens (Policy.trunk_features), when the policy
+    trains only its top layers: the passes after the first start from it instead of the token ids."""
 
     def __post_init__(self) -> None:
         if not self.prompt_ids or not self.response_ids:
@@ -38,6 +41,7 @@ class TokenBatch:
     attention_mask: Tensor    # [N, T] long, 1 on real tokens
     prompt_lengths: Tensor    # [N] long, P
     response_lengths: Tensor  # [N] long, R
+    trunk: Tensor | None = None  # [N, T, H], zeros on padding: every sample's trunk features, or None
 
     @classmethod
     def from_samples(cls, samples: Sequence[TurnSample], pad_id: int) -> TokenBatch:
@@ -54,11 +58,13 @@ class TokenBatch:
             attention_mask,
             torch.tensor([len(s.prompt_ids) for s in samples]),
             torch.tensor([len(s.response_ids) for s in samples]),
+            stack_trunks(samples, width),
         )
 
     def to(self, device: torch.device | str) -> TokenBatch:
         return TokenBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask,
-                                                    self.prompt_lengths, self.response_lengths)))
+                                                    self.prompt_lengths, self.response_lengths)),
+                          None if self.trunk is None else self.trunk.to(device))
 
     @property
     def response_mask(self) -> Tensor:
@@ -87,6 +93,19 @@ class TokenBatch:
     def q_positions(self) -> Tensor:
         """[N] long: the last response token, where Q(s_t, a_t) is read."""
         return self.prompt_lengths + self.response_lengths - 1
+
+
+def stack_trunks(samples: Sequence[TurnSample], width: int) -> Tensor | None:
+    """[N, width, H] right-padded with zeros, when every sample carries its trunk features; else None."""
+    if any(s.trunk is None for s in samples):
+        return None
+    first = samples[0].trunk
+    out = torch.zeros((len(samples), width, first.shape[-1]), dtype=first.dtype)
+    for row, s in enumerate(samples):
+        if s.trunk.shape[0] != len(s):
+            raise ValueError(f"trunk features of {s.trunk.shape[0]} positions for a sample of {len(s)} tokens")
+        out[row, :len(s)] = s.trunk
+    return out
 
 
 def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

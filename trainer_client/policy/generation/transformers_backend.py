@@ -17,6 +17,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from trainer_client.policy.chat import stop_token_ids
 from trainer_client.policy.generation.base import Completion, GenerationBackend, SamplingConfig, row_seeds
 from trainer_client.policy.logits import entropy_from_log_probs, policy_log_probs, top_p_filter
+from trainer_client.policy.lora import has_adapters, merge_adapters
 from trainer_client.policy.model import Policy
 
 # The KV cache's name in forward() and its output: `cache` in transformers 5.24; `past_key_values` in
@@ -105,20 +106,24 @@ class TransformersBackend(GenerationBackend):
     @classmethod
     def from_policy(cls, policy: Policy, dtype: torch.dtype | None = None,
                     device: str | torch.device | None = None) -> TransformersBackend:
-        """Share the policy's model, or hold a copy in another dtype/device (e.g. bf16 for sampling)."""
+        """Share the policy's model, or hold a copy in another dtype/device (e.g. bf16 for sampling). A policy
+        with LoRA adapters always gets a plain copy with them merged: sampling then costs what the base costs."""
         policy.write_value_rows()   # the reserved output rows are V's and Q's from the first step on
         model = policy.model
         wanted = (dtype or model.dtype, torch.device(device) if device is not None else model.device)
-        if wanted != (model.dtype, model.device):
-            model = copy.deepcopy(model).to(device=wanted[1], dtype=wanted[0])
+        if has_adapters(model) or wanted != (model.dtype, model.device):
+            model = copy.deepcopy(model)
+            merge_adapters(model)
+            model = model.to(device=wanted[1], dtype=wanted[0])
         tokenizer = policy.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         return cls(model, policy.n_policy_tokens, stop_token_ids(tokenizer), pad_id, value_id=policy.value_ids[0])
 
     def update_weights(self, policy: Policy) -> None:
-        policy.write_value_rows()
         if self.model is not policy.model:
-            self.model.load_state_dict(policy.model.state_dict())
+            self.model.load_state_dict(policy.plain_state_dict())
+        else:
+            policy.write_value_rows()
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,

@@ -74,10 +74,9 @@ def write_weights(policy: Policy, out_dir: Path, dtype: EngineDtype) -> Path:
     finds nothing for its lm_head layer and puts the old tensor back, so a tied model (Qwen2.5-1.5B)
     would sample from the new embedding but the old output layer. The state dict keeps both names.
     """
-    policy.write_value_rows()
     # clone: safetensors refuses tensors that share memory (the tied embedding and output layer).
     state = {name: tensor.detach().to(TORCH_DTYPES[dtype]).clone().contiguous()
-             for name, tensor in policy.model.state_dict().items()}
+             for name, tensor in policy.plain_state_dict().items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(state, out_dir / "model.safetensors")
     return out_dir
