@@ -82,7 +82,7 @@ $(TOOLS_STAMP):
 compose-check: $(TOOLS_STAMP)
 	DOCKER_CONFIG=$(TOOLS)/docker docker compose -f compose.yaml --profile '*' config --quiet
 	$(TOOLS)/venv/bin/hadolint Dockerfile.env Dockerfile.train
-	$(TOOLS)/venv/bin/shellcheck scripts/env-entrypoint.sh
+	$(TOOLS)/venv/bin/shellcheck scripts/env-entrypoint.sh scripts/containers.sh
 	@echo "compose-check: compose.yaml, both Dockerfiles and the entrypoint are valid"
 
 k8s-check: $(TOOLS_STAMP)
@@ -90,6 +90,28 @@ k8s-check: $(TOOLS_STAMP)
 	  $(TOOLS)/venv/bin/kubectl kustomize $$dir | $(TOOLS)/venv/bin/kubernetes-validate --strict --quiet - || exit 1; \
 	  echo "k8s-check: $$dir builds and validates"; \
 	done
+
+# ---- the images, built and run (issue 36; docs/DEPLOY.md) ------------------------------------------------------
+# `make images`: limen-env:0.1.0 and the CPU trainer limen-train:0.1.0-cpu, with docker where its engine answers and
+# podman otherwise (installed from Debian as root); where no registry answers, on a local Debian 12 base
+# (scripts/containers.sh). `make compose-test`: compose.yaml's env-server and trainer for real, through podman-compose
+# with this machine's override deploy/podman/compose.podman.yaml (tests/e2e/test_compose_containers.py, marked
+# docker; it skips with the reason where no engine can run).
+PODMAN_COMPOSE_VENV := .cache/podman-compose
+PODMAN_COMPOSE_PINS := podman-compose==1.6.0 python-dotenv==1.2.1
+.PHONY: images compose-test
+
+images:
+	scripts/containers.sh images
+
+$(PODMAN_COMPOSE_VENV)/.installed:
+	python3.11 -m venv $(PODMAN_COMPOSE_VENV) || python3 -m venv $(PODMAN_COMPOSE_VENV)
+	$(PODMAN_COMPOSE_VENV)/bin/pip install -q $(PODMAN_COMPOSE_PINS)
+	touch $@
+
+compose-test: $(STAMP) $(PODMAN_COMPOSE_VENV)/.installed
+	PODMAN_COMPOSE=$(CURDIR)/$(PODMAN_COMPOSE_VENV)/bin/podman-compose $(PY) -m pytest -q -s -x -m docker \
+	  tests/e2e/test_compose_containers.py
 
 # The conformance suite against one env: in-process by default, or a running server.
 #   make conformance CONFORMANCE_ENV=alfworld [CONFORMANCE_TARGET=host:port CONFORMANCE_SPLIT=... CONFORMANCE_SESSIONS=40]

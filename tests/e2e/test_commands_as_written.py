@@ -50,7 +50,8 @@ IMAGE_DOCKERFILES = {"limen-env": REPO / "Dockerfile.env", "limen-train": REPO /
 # Words that mark a line as starting a limen process: a line with one that no handler below takes fails the test
 # instead of being skipped, so a new kind of command cannot go untested unnoticed.
 LIMEN_WORDS = re.compile(r"\blimen-(train|eval|env-server|data|entrypoint)\b|\btrainer_client\b|\benv_server\b|"
-                         r"benchmarks/\w+\.py|\bmake\s+\w|\bdocker\s+(compose|run|build)\b|\bkubectl\b")
+                         r"benchmarks/\w+\.py|\bmake\s+\w|\b(docker|podman)\s+(compose|run|build)\b|\bpodman-compose\b|"
+                         r"\bkubectl\b")
 
 # The example env servers in other languages (examples/, docs/ENVIRONMENTS.md): their node and npm lines too.
 LIMEN_WORDS = re.compile(LIMEN_WORDS.pattern + r"|\b(node|npm)\s.*\bexamples/")
@@ -93,7 +94,7 @@ def dockerfile_exec(path: Path, instruction: str) -> list[str]:
 
 def comment_usage_lines(path: Path) -> list[str]:
     """`#   docker ...` / `#   limen-...` usage lines in a file's comments."""
-    lines = re.findall(r"^#\s+((?:docker|limen-|python|kubectl|make)\b.*)$", path.read_text(), re.M)
+    lines = re.findall(r"^#\s+((?:\w+=\S+\s+)*(?:docker|podman|limen-|python|kubectl|make)\b.*)$", path.read_text(), re.M)
     return [re.split(r"\s{2,}", line.strip())[0] for line in lines]  # what follows a wide gap is its description
 
 
@@ -106,8 +107,9 @@ def compose_commands() -> list[Command]:
             test = service["healthcheck"]["test"]
             assert test[0] == "CMD", test
             commands.append(Command(f"compose.yaml: {name} healthcheck", tuple(test[1:])))
-    commands += [Command("compose.yaml: usage", tuple(shlex.split(line, comments=True)))
-                 for line in comment_usage_lines(REPO / "compose.yaml")]
+    for path in (REPO / "compose.yaml", REPO / "deploy" / "podman" / "compose.podman.yaml"):
+        commands += [Command(f"{path.relative_to(REPO)}: usage", tuple(shlex.split(line, comments=True)))
+                     for line in comment_usage_lines(path)]
     return commands
 
 
@@ -248,6 +250,10 @@ def normalize(argv: tuple[str, ...]) -> list[str]:
     if argv[:1] == ["torchrun"]:
         module = argv.index("-m")
         argv = ["python", *argv[module:]]
+    if argv[:1] == ["podman"] and argv[1:2] in (["run"], ["build"], ["compose"]):  # podman takes docker's syntax
+        argv[0] = "docker"
+    if argv[:1] == ["podman-compose"]:
+        argv = ["docker", "compose", *argv[1:]]
     if argv[:2] == ["docker", "run"]:
         rest = argv[2:]
         while rest and rest[0].startswith("-"):  # docker's own options (all take a value but --rm, -i, -t, -d)
@@ -339,6 +345,10 @@ def run_through_parser(command: Command, cwd: Path) -> str:
     elif argv[:2] == ["docker", "build"]:
         dockerfile = args[args.index("-f") + 1]
         assert (REPO / dockerfile).is_file() and args[-1] == ".", args
+        for flag, value in zip(args, args[1:]):  # --build-context NAME=DIR: a stage the Dockerfile declares
+            if flag == "--build-context":
+                name = value.partition("=")[0]
+                assert re.search(rf"^FROM \S+ AS {name}$", (REPO / dockerfile).read_text(), re.M), value
     elif program == "vllm":  # vLLM's server with limen's logits processor: the class it names exists
         module, _, name = args[args.index("--logits-processors") + 1].partition(":")
         source = importlib.util.find_spec(module).origin
@@ -420,6 +430,8 @@ def check_compose_command(args: list[str]) -> None:
         value = rest.pop(0)
         if flag == "--profile":
             assert value in profiles, f"profile {value!r} not in compose.yaml ({sorted(profiles)})"
+        elif flag == "-f":  # compose.yaml and overrides (deploy/podman/compose.podman.yaml) that exist
+            assert (REPO / value).is_file(), f"compose file {value!r} does not exist"
     verb, *rest = rest
     assert verb in ("up", "config", "down", "stop"), verb
     while rest:

@@ -171,15 +171,37 @@ def requirement_pins(requirements: list[str]) -> dict[str, str]:
     return pins
 
 
+def train_image_pins() -> dict[str, dict[str, str]]:
+    """What Dockerfile.train's pip installs before the project, per TORCH build argument (cpu, cuda)."""
+    text = (REPO / "Dockerfile.train").read_text().replace("\\\n", " ")
+    [line] = [line for line in text.splitlines() if line.startswith("RUN --mount=type=bind,from=wheels")]
+    cpu, cuda = re.fullmatch(r'.*if \[ "\$TORCH" = cpu \]; then (.*?);\s+else (.*?);\s+fi\s*', line).groups()
+    def pins(command: str) -> dict[str, str]:
+        words = [w.strip('"') for w in command.split()]
+        assert words[:2] == ["pip", "install"], command
+        return requirement_pins([w for w in words[2:] if not w.startswith("-") and not w.startswith("/")])
+    return {"cpu": pins(cpu), "cuda": pins(cuda)}
+
+
 def test_train_image_installs_the_train_extra_pins_except_what_vllm_caps():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     extra = requirement_pins(project["optional-dependencies"]["train"])
+    images = train_image_pins()
+    cuda, cpu = images["cuda"], images["cpu"]
+    assert cuda.pop("vllm") == "==0.32.0" and "vllm" not in cpu
+    assert cuda.pop("transformers") == "==5.19.0" and extra["transformers"] == "==5.24.0"
+    assert cuda == {k: v for k, v in extra.items() if k != "transformers"}  # torch, tokenizers, ... as pyproject
+    # The CPU trainer: the train extra exactly, with torch's CPU build of the same release.
+    assert cpu.pop("torch") == extra["torch"] + "+cpu" and cpu == {k: v for k, v in extra.items() if k != "torch"}
+
+
+def test_train_image_defaults_to_cuda_on_the_official_base():
     text = (REPO / "Dockerfile.train").read_text()
-    pip_line = text.split("RUN pip install \\\n", 1)[1].split("\nWORKDIR", 1)[0]
-    image = requirement_pins([token.strip('"') for token in pip_line.replace("\\", " ").split()])
-    assert image.pop("vllm") == "==0.32.0"
-    assert image.pop("transformers") == "==5.19.0" and extra.pop("transformers") == "==5.24.0"
-    assert image == extra  # torch, tokenizers, safetensors, ... exactly as pyproject pins them
+    assert re.search(r"^ARG TORCH=cuda$", text, re.M)
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim-bookworm$", text, re.M)
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim-bookworm$", (REPO / "Dockerfile.env").read_text(), re.M)
+    # The `wheels` context is an empty stage by default, so a plain build needs no --build-context.
+    assert re.search(r"^FROM scratch AS wheels$", text, re.M)
 
 
 # ---- Kubernetes ---------------------------------------------------------------------------------------------
