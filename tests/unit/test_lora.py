@@ -157,3 +157,4 @@ def test_bad_lora_settings_are_refused():
         LoraConfig(r=4, dropout=1.0)
     with pytest.raises(ValueError, match="target_modules"):
         LoraConfig(r=4, target_modules=())
+
