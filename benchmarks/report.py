@@ -174,7 +174,8 @@ def render_rollout(runs: list[dict]) -> str:
 
 def breakdown(seconds: Mapping[str, Mapping[str, float]], ratio: Mapping[str, float]) -> str:
     rows = [[stage, number(seconds["boundary"][stage]), number(seconds["ppo_critic"][stage]),
-             number(ratio.get(stage), 3)] for stage in (*ITERATION_STAGES, "iteration")]
+             number(ratio.get(stage), 3)] for stage in (*ITERATION_STAGES, "iteration")
+            if stage in seconds["boundary"]]   # a stage newer than the measurement (e.g. trunk) is not shown
     rows[-1] = [f"**{cell}**" for cell in rows[-1]]
     return markdown_table(["stage (s per iteration)", "boundary", "ppo_critic", "ratio"], rows)
 

@@ -50,7 +50,8 @@ class Learner:
 def load_learner(cfg: TrainConfig, needs: EstimatorNeeds, checkpoint: Path | None = None) -> Learner:
     """The models `cfg` and the estimator's `needs` call for, from cfg.model.path or a run checkpoint
     (whose optimizer states the caller restores)."""
-    load = cfg.model.load_kwargs() | dict(trainable_layers=cfg.model.trainable_layers)
+    critic_load = cfg.model.load_kwargs()
+    load = critic_load | dict(trainable_layers=cfg.model.trainable_layers)
     lora = cfg.model.lora
     if lora.enabled and distributed.world_size() > 1:
         raise ValueError("model.lora is not supported under torchrun yet: run LoRA on one device")
@@ -72,7 +73,7 @@ def load_learner(cfg: TrainConfig, needs: EstimatorNeeds, checkpoint: Path | Non
         learner.reference.requires_grad_(False)
     if needs.values in (ValueSource.CRITIC_TURN, ValueSource.CRITIC_TOKEN):
         learner.critic = distributed.shard(Critic.load(checkpoint / "critic" if checkpoint else cfg.model.path,
-                                                       gradient_checkpointing=cfg.model.gradient_checkpointing, **load))
+                                                       gradient_checkpointing=cfg.model.gradient_checkpointing, **critic_load))
         learner.critic_optimizer = torch.optim.AdamW(learner.critic.parameters(), lr=cfg.optim.critic_lr,
                                                        eps=cfg.optim.adam_eps)
     return learner
