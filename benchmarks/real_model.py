@@ -372,9 +372,11 @@ class Run:
                         self.outcomes_file(label).unlink()
                     self.finish("curve", 0.0)
                 if not self.done("prompting"):
+                    # The base model has not learned the compact layout: it gets the anchor's, with its
+                    # role, instructions and reasoning reply (the default PromptConfig).
                     for style in self.cfg.prompting_styles:
                         await self.evaluate(f"prompting_{style}", self.model_dir, self.cfg.eval_splits,
-                                            self.cfg.prompting_seeds, games, prompt_config(style, "alfworld", prompts),
+                                            self.cfg.prompting_seeds, games, prompt_config(style, "alfworld"),
                                             self.cfg.prompting_max_new_tokens, "prompting")
                     self.finish("prompting", 0.0)
         return self.results()
