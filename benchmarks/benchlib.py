@@ -9,6 +9,7 @@ import dataclasses
 import math
 import os
 import platform
+import random
 import statistics
 import subprocess
 import time
@@ -128,3 +129,18 @@ def commit(paths: Sequence[Path], message: str, attempts: int = 30) -> bool:
             raise RuntimeError(f"git in {top} failed: {error.strip()}")
         time.sleep(2)
     raise RuntimeError(f"git in {top}: the index stayed locked for {attempts} attempts")
+
+
+def pick_games(task_ids: Sequence[str], n: int, seed: int) -> list[str]:
+    """n ids spread over the categories (the id's prefix) round-robin, each category's order seeded."""
+    by_type: dict[str, list[str]] = {}
+    for task_id in sorted(task_ids):
+        by_type.setdefault(task_id.split("-", 1)[0], []).append(task_id)
+    rng = random.Random(seed)
+    queues = [rng.sample(ids, len(ids)) for _, ids in sorted(by_type.items())]
+    picked: list[str] = []
+    while len(picked) < min(n, len(task_ids)):
+        for queue in queues:
+            if queue and len(picked) < n:
+                picked.append(queue.pop())
+    return sorted(picked)

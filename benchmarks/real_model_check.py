@@ -39,6 +39,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+from benchlib import pick_games  # noqa: E402
 from trainer_client import config  # noqa: E402
 from trainer_client.checkpoints import latest_policy  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
@@ -92,21 +93,6 @@ class CheckConfig:
     """Expert turns (from the SFT data) whose reply loss is measured before and after SFT."""
     eval_after_rl: bool = False
     seed: int = 0
-
-
-def pick_games(task_ids: list[str], n: int, seed: int) -> list[str]:
-    """n ids spread over ALFWorld's task types (the id's prefix) round-robin, each type's order seeded."""
-    by_type: dict[str, list[str]] = {}
-    for task_id in sorted(task_ids):
-        by_type.setdefault(task_id.split("-", 1)[0], []).append(task_id)
-    rng = random.Random(seed)
-    queues = [rng.sample(ids, len(ids)) for _, ids in sorted(by_type.items())]
-    picked: list[str] = []
-    while len(picked) < min(n, len(task_ids)):
-        for queue in queues:
-            if queue and len(picked) < n:
-                picked.append(queue.pop())
-    return sorted(picked)
 
 
 @torch.no_grad()

@@ -58,12 +58,11 @@ def load_learner(cfg: TrainConfig, needs: EstimatorNeeds, checkpoint: Path | Non
     # A LoRA run resumes from its base (cfg.model.path) plus the checkpoint's adapters, exactly; any other run
     # from the checkpoint's weights. Under torchrun every model is FSDP-sharded before an optimizer holds its
     # parameters (distributed.py).
-    if lora.enabled:
-        policy = Policy.load(cfg.model.path, lora=lora, adapters_from=checkpoint / "policy" if checkpoint else None,
-                             gradient_checkpointing=cfg.model.gradient_checkpointing, **load)
-    else:
-        policy = distributed.shard(Policy.load(checkpoint / "policy" if checkpoint else cfg.model.path,
-                                               gradient_checkpointing=cfg.model.gradient_checkpointing, **load))
+    saved = checkpoint / "policy" if checkpoint else None
+    policy = distributed.shard(Policy.load(
+        cfg.model.path if lora.enabled or saved is None else saved, lora=lora,
+        adapters_from=saved if lora.enabled else None, gradient_checkpointing=cfg.model.gradient_checkpointing,
+        **load))
     learner = Learner(policy, torch.optim.AdamW(
         policy.parameter_groups(cfg.optim.lr, cfg.optim.value_lr, cfg.optim.weight_decay), eps=cfg.optim.adam_eps))
     if cfg.loss.kl_coef > 0 and lora.enabled:  # the starting policy is the base: no second copy

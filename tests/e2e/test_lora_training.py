@@ -17,7 +17,8 @@ from training_fixtures import bench, toy_server  # noqa: F401  (pytest fixtures)
 
 from trainer_client import config
 from trainer_client.checkpoints import latest_policy
-from trainer_client.policy import Policy, TokenBatch
+from trainer_client.policy import Policy, TokenBatch, TurnSample
+from trainer_client.policy.lora import LoraConfig
 from trainer_client.policy.model import ADAPTERS_FILE
 from trainer_client.train import train
 from trainer_client.train_config import TrainConfig
@@ -77,10 +78,8 @@ def test_a_lora_run_trains_the_adapters_and_resumes_exactly(two_layer_model, toy
 
     # The export is a plain checkpoint: any loader reads it, with the LoRA policy's log-probs.
     plain = Policy.load(final)
-    lora = Policy.load(two_layer_model, trainable_layers=1, lora=config.load(TrainConfig, None, [
-        "model.lora.r=4", "model.lora.alpha=8"]).model.lora, adapters_from=final)
+    lora = Policy.load(two_layer_model, trainable_layers=1, lora=LoraConfig(r=4, alpha=8), adapters_from=final)
     prompt = plain.tokenizer.apply_chat_template([{"role": "user", "content": "go to the kitchen"}],
                                                  add_generation_prompt=True, return_dict=False)
-    from trainer_client.policy import TurnSample
     batch = TokenBatch.from_samples([TurnSample(prompt, plain.tokenizer.encode("<action>look</action>"))], 0)
     assert torch.allclose(plain(batch).log_probs, lora(batch).log_probs, atol=1e-5)

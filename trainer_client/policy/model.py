@@ -282,14 +282,13 @@ class Policy(nn.Module):
         With adapters, the weights are merged (any HF loader reads the folder), and ADAPTERS_FILE beside them
         keeps the adapters and value rows unmerged, so a run resumes from its base exactly (`adapters_from`)."""
         out_dir = Path(out_dir)
+        adapted = has_adapters(self.model)
         self.write_value_rows()
-        if has_adapters(self.model):
+        self.model.save_pretrained(out_dir, state_dict=self.plain_state_dict() if adapted else None)
+        if adapted:
             from safetensors.torch import save_file
-            self.model.save_pretrained(out_dir, state_dict=merged_state_dict(self.model))
             save_file({**adapter_state(self.model), "value_rows": self.value_rows.detach().clone()},
                       out_dir / ADAPTERS_FILE)
-        else:
-            self.model.save_pretrained(out_dir)
         self.tokenizer.save_pretrained(out_dir)
         return out_dir
 
