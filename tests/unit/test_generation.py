@@ -9,7 +9,12 @@ import torch
 from policy_fixtures import micro_checkpoint, policy, train_value_rows, turn_samples  # noqa: F401  (fixtures)
 
 from trainer_client.policy import Policy, SamplingConfig, TokenBatch, TransformersBackend, TurnSample
-from trainer_client.policy.generation.transformers_backend import completions_from_steps, draw
+from trainer_client.policy.generation.transformers_backend import (
+    completions_from_steps,
+    draw,
+    length_groups,
+    uniforms_for,
+)
 from trainer_client.policy.logits import policy_log_probs, top_p_filter
 
 
@@ -91,6 +96,48 @@ def test_left_padding_does_not_change_greedy_output(policy):
         assert alone.token_ids == completion.token_ids
         torch.testing.assert_close(torch.tensor(alone.log_probs), torch.tensor(completion.log_probs),
                                    atol=1e-5, rtol=0)
+
+
+def partitions(items: list[int]):
+    """Every split of a sorted list into consecutive runs."""
+    if not items:
+        yield []
+        return
+    for cut in range(1, len(items) + 1):
+        for rest in partitions(items[cut:]):
+            yield [items[:cut], *rest]
+
+
+@pytest.mark.parametrize("overhead", [0, 30, 10_000])
+def test_length_groups_is_the_cheapest_split_by_length(overhead):
+    lengths = [120, 40, 400, 45, 390, 130, 41, 800]
+    groups = length_groups(lengths, overhead)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))   # every row, once
+
+    def cost(split):
+        return sum(len(g) * max(lengths[i] for i in g) + overhead for g in split)
+
+    by_length = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    assert cost(groups) == min(cost(split) for split in partitions(by_length))
+    if overhead == 10_000:
+        assert len(groups) == 1                   # a costly group: one batch, as before grouping
+    if overhead == 0:
+        assert [len(g) for g in groups] == [1] * len(lengths)   # free groups: no padding at all
+
+
+def test_grouping_by_length_samples_what_one_batch_samples(policy):
+    """Each row keeps its own uniforms whatever group it lands in: grouped sampling equals one padded batch."""
+    backend = TransformersBackend.from_policy(policy)
+    prompts = [p[:n] for p, n in zip(prompts_of(policy, 6), (5, 60, 7, 58, 6, 61))]
+    backend.group_overhead_tokens = 20
+    assert len(length_groups([len(p) for p in prompts], 20)) == 2
+    sampling = SamplingConfig(max_new_tokens=6, temperature=1.0)
+    seeds = list(range(10, 16))
+    grouped = backend.generate(prompts, sampling, seeds)
+    batch = backend.sample_batch(prompts, sampling, uniforms_for(len(prompts), 6, seeds))
+    assert [c.token_ids for c in grouped] == [c.token_ids for c in batch]
+    for a, b in zip(grouped, batch):
+        torch.testing.assert_close(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5, rtol=0)
 
 
 def test_a_seed_makes_sampling_repeatable(policy):
