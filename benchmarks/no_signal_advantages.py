@@ -26,10 +26,11 @@ from benchlib import add_demo_config_args, load_demo_config
 from trainer_client.algorithms import get_estimator
 from trainer_client.demo import DemoConfig, demo_env_server
 from trainer_client.env_pool import EnvPool
-from trainer_client.experience import policy_readout, turn_batch, turn_samples
 from trainer_client.policy import Policy, TransformersBackend
+from trainer_client.readout import policy_readout
 from trainer_client.rollout import TaskRef, collect
 from trainer_client.train import TaskSampler
+from trainer_client.turn_batch import turn_batch, turn_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -44,10 +44,9 @@ from trainer_client import config  # noqa: E402
 from trainer_client.checkpoints import latest_policy  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
 from trainer_client.evaluate import EvalResult, evaluate  # noqa: E402
-from trainer_client.experience import pad_id  # noqa: E402
 from trainer_client.experts import expert_episodes, expert_samples  # noqa: E402
 from trainer_client.local_server import local_env_server  # noqa: E402
-from trainer_client.policy import Policy, TokenBatch, TransformersBackend, micro_batches  # noqa: E402
+from trainer_client.policy import Policy, TokenBatch, TransformersBackend, micro_batches, pad_id  # noqa: E402
 from trainer_client.pretrained import PACKAGED_MODELS, fetch_model  # noqa: E402
 from trainer_client.prompting_baselines import PROMPTING_STYLES, prompt_config  # noqa: E402
 from trainer_client.rollout import RolloutConfig  # noqa: E402

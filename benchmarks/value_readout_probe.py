@@ -26,10 +26,10 @@ from benchlib import add_demo_config_args, load_demo_config
 from demo_failures import play
 from trainer_client.algorithms import explained_variance
 from trainer_client.algorithms.advantages import reverse_discounted_sum
-from trainer_client.experience import pad_id, turn_samples
-from trainer_client.policy import Policy, TokenBatch
+from trainer_client.policy import Policy, TokenBatch, pad_id
 from trainer_client.policy.model import final_hidden_states, gather_positions
 from trainer_client.rollout import EpisodeRecord
+from trainer_client.turn_batch import turn_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 RIDGE = (0.01, 0.1, 1.0, 10.0, 100.0)

@@ -13,19 +13,15 @@ from pathlib import Path
 import torch
 
 from trainer_client import distributed
-from trainer_client.algorithms import (
-    Advantages, EstimatorNeeds, ValueSource, explained_variance, get_estimator,
-)
-from trainer_client.experience import (
-    Readout, critic_readout, pad_id, policy_readout, readout_drift, sampler_readout, turn_batch, turn_samples,
-    with_trunk_features,
-)
-from trainer_client.policy import Critic, Policy, TurnSample
+from trainer_client.algorithms import Advantages, EstimatorNeeds, ValueSource, explained_variance, get_estimator
+from trainer_client.policy import Critic, Policy, pad_id
 from trainer_client.policy.model import AdaptersOff
+from trainer_client.readout import bootstrap_values, critic_readout, old_policy_readout, policy_readout
 from trainer_client.rollout import EpisodeRecord
 from trainer_client.timing import Timer
 from trainer_client.train_config import TrainConfig
-from trainer_client.update import UpdateTargets, critic_update, ppo_policy_update
+from trainer_client.turn_batch import turn_batch, turn_samples, with_trunk_features
+from trainer_client.update import critic_update, ppo_policy_update, update_targets
 
 
 @dataclass
@@ -39,7 +35,7 @@ class Learner:
     critic: Critic | None = None
     critic_optimizer: torch.optim.Optimizer | None = None
     # Whether the sampler's readout equals this learner's own, so the old-policy pass can be skipped:
-    # None until the first learn() compares them (a sampler in another dtype, or vLLM's kernels, differ).
+    # None until the first learn() compares them (readout.old_policy_readout).
     sampler_readout_exact: bool | None = None
 
     @property
@@ -78,38 +74,6 @@ def load_learner(cfg: TrainConfig, needs: EstimatorNeeds, checkpoint: Path | Non
     return learner
 
 
-def bootstrap_values(learner: Learner, episodes: list[EpisodeRecord], needs: EstimatorNeeds,
-                     micro_batch_tokens: int) -> torch.Tensor:
-    """[B] V of the state after the last turn for truncated episodes (0 for the others), read by the
-    model the estimator takes its values from: the policy's boundary readout or the separate critic."""
-    values = torch.zeros(len(episodes))
-    cut = [i for i, e in enumerate(episodes) if e.final_prompt_ids]
-    if cut:
-        eos = (learner.policy.tokenizer.eos_token_id,)  # V is read before the response: any one token will do
-        probes = [TurnSample(episodes[i].final_prompt_ids, eos) for i in cut]
-        if needs.values is ValueSource.BOUNDARY:
-            values[cut] = policy_readout(learner.policy, probes, micro_batch_tokens).values
-        else:
-            values[cut] = critic_readout(learner.critic, probes, learner.pad, micro_batch_tokens)[:, 0]
-    return values
-
-
-def update_targets(batch, advantages: Advantages, old, ref, needs) -> UpdateTargets:
-    """The estimator's [B, T, ...] outputs in the update's [N, ...] sample layout."""
-    mask, width = batch.mask, old.log_probs.shape[1]
-    boundary = needs.values is ValueSource.BOUNDARY
-    return UpdateTargets(
-        old_log_probs=old.log_probs,
-        response_mask=old.response_mask,
-        advantages=advantages.advantages[mask][:, :width],
-        ref_log_probs=ref.log_probs if ref is not None else None,
-        old_values=old.values if boundary else None,
-        old_q_values=old.q_values if boundary else None,
-        returns=advantages.returns[mask] if boundary else None,
-        q_returns=advantages.q_returns[mask] if boundary and advantages.q_returns is not None else None,
-    )
-
-
 def train_critic(learner: Learner, samples, batch, advantages: Advantages, critic_values, needs,
                  cfg: TrainConfig) -> dict[str, float]:
     token_level = needs.values is ValueSource.CRITIC_TOKEN
@@ -122,28 +86,6 @@ def train_critic(learner: Learner, samples, batch, advantages: Advantages, criti
                          epochs=cfg.optim.epochs, mini_batch_turns=cfg.optim.mini_batch_turns,
                          micro_batch_tokens=cfg.optim.micro_batch_tokens, grad_clip=cfg.optim.grad_clip,
                          pad_id=learner.pad, select=select)
-
-
-# Mean absolute difference (log-prob per token, V per turn) below which the sampler's readout is the learner's.
-SAMPLER_READOUT_TOLERANCE = 1e-4
-
-
-def old_policy_readout(learner: Learner, episodes: list[EpisodeRecord], samples, needs, cfg: TrainConfig,
-                       timer: Timer) -> tuple[Readout, dict[str, float]]:
-    """Old log-probs, entropies, V and Q: the sampler's, once the first iteration has shown they are this
-    learner's own (it then skips a full no-grad pass per iteration), else a pass of the policy. Each
-    recomputed readout also logs its drift from the sampler's."""
-    sampled = sampler_readout(episodes, needs)
-    if sampled is not None and learner.sampler_readout_exact:
-        return sampled, {}
-    with timer("old_log_prob"):  # at the sampling temperature, as the sampler drew the tokens
-        old = policy_readout(learner.policy, samples, cfg.optim.micro_batch_tokens, cfg.rollout.temperature)
-    if sampled is None:   # the log-probs alone (every backend reports them)
-        return old, readout_drift(sampler_readout(episodes, EstimatorNeeds()), old, EstimatorNeeds())
-    drift = readout_drift(sampled, old, needs)
-    if learner.sampler_readout_exact is None:
-        learner.sampler_readout_exact = max(drift.values()) <= SAMPLER_READOUT_TOLERANCE
-    return old, drift
 
 
 def value_metrics(batch, advantages: Advantages, needs) -> dict[str, float]:
@@ -163,7 +105,6 @@ def value_metrics(batch, advantages: Advantages, needs) -> dict[str, float]:
     return out
 
 
-
 def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, timer: Timer,
           iteration: int = 0) -> dict[str, float]:
     """Steps 2-4 of an iteration on finished episodes: readout, advantages, updates. Returns the metrics."""
@@ -174,9 +115,12 @@ def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, tim
         with timer("trunk"):
             samples = with_trunk_features(learner.policy, samples, tokens)
 
-    # 2. Readout (no grad): old log-probs, entropy, and V, Q from the policy's own backbone. A stage an
-    #    algorithm does not have (or skips) is not entered, so its time stays exactly 0.
-    old, drift = old_policy_readout(learner, episodes, samples, needs, cfg, timer)
+    # 2. Readout (no grad, readout.py): old log-probs, entropy, and V, Q from the policy's own backbone (or
+    #    the sampler's, once shown equal). A stage an algorithm does not have (or skips) is not entered, so its
+    #    time stays exactly 0.
+    old, drift, learner.sampler_readout_exact = old_policy_readout(
+        learner.policy, episodes, samples, needs, sampler_exact=learner.sampler_readout_exact,
+        micro_batch_tokens=tokens, temperature=cfg.rollout.temperature, timer=timer)
     ref = critic_values = last_values = None
     if learner.reference is not None:
         with timer("ref"):
@@ -186,7 +130,7 @@ def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, tim
             critic_values = critic_readout(learner.critic, samples, learner.pad, tokens)
     if needs.last_values:
         with timer("values"):
-            last_values = bootstrap_values(learner, episodes, needs, tokens)
+            last_values = bootstrap_values(learner.policy, learner.critic, episodes, needs, tokens)
 
     # 3. Advantages: one estimator signature for every algorithm.
     with timer("adv"):

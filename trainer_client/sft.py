@@ -22,11 +22,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trainer_client.cli import EnvTarget, check_sft, resolve_tiny_model
-from trainer_client.experience import pad_id, with_trunk_features
 from trainer_client.experts import ExpertEpisode, expert_episodes, expert_samples, read_jsonl
-from trainer_client.optimizer_steps import optimizer_steps
-from trainer_client.policy import Policy, TokenBatch, TurnSample
+from trainer_client.policy import Policy, TokenBatch, TurnSample, pad_id
 from trainer_client.prompts import PromptConfig
+from trainer_client.turn_batch import with_trunk_features
+from trainer_client.update import optimizer_steps
 
 
 def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: float, batch_turns: int = 32,

@@ -7,8 +7,8 @@ Every estimator runs through the same loop; what differs is declared by the esti
 Each iteration reseeds torch from (seed, iteration), so a resumed run samples what the original would have.
 
 Where each step lives: the config in train_config.py; 1. the rollout in rollout.py (over env_pool/, with the
-policy's generation backend); 2-4. readout, advantages and updates in learner.py (algorithms/ for the math,
-update.py for the PPO epochs); checkpoints in checkpoints.py.
+policy's generation backend); 2-4. readout, advantages and updates in learner.py (readout.py for where V comes from,
+algorithms/ for the math, update.py for the PPO epochs); checkpoints in checkpoints.py.
 """
 
 from __future__ import annotations

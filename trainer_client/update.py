@@ -1,28 +1,72 @@
-"""PPO epochs over turn samples, for the actor (with the boundary readout's V and Q) and a separate critic, on
-the learner's loop (trainer_client/optimizer_steps.py: mini-batches for optimizer steps, micro-batches for memory).
+"""The learner's optimizer steps, and the PPO epochs on them: the actor (with the boundary readout's V and Q)
+and a separate critic. SFT (trainer_client/sft.py) runs the same steps.
+
+One optimizer step per mini-batch of turn samples, its gradient accumulated over micro-batches that fit a token
+budget (memory):
+
+    for mini, micro in optimizer_steps(optimizer, samples, epoch_batches(len(samples), 256, epochs), 16384):
+        for indices, share in micro:          # forward + backward of each micro-batch, loss scaled by share
+            ...
+        clip the gradients                    # then the step happens when the loop moves on
 
 A mini-batch's loss is the same whatever its micro-batching: each micro-batch's token-mean (or
-sequence-mean) is weighted by its share of the mini-batch's tokens (or sequences) before backward.
+sequence-mean) is weighted by its share of the mini-batch's tokens (or sequences) before backward. Under
+torchrun each rank takes its share of the micro-batches (trainer_client/distributed.py): `share` is 0 for a
+padding pass that only keeps the ranks' collectives in step.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from trainer_client.algorithms import LossConfig, policy_objective, value_loss
-from trainer_client.distributed import mean_metrics
-from trainer_client.optimizer_steps import epoch_batches, optimizer_steps
-from trainer_client.policy import TokenBatch, TurnSample
+from trainer_client.algorithms import (
+    Advantages, EstimatorNeeds, LossConfig, TurnBatch, ValueSource, policy_objective, value_loss,
+)
+from trainer_client.distributed import mean_metrics, rank_share
+from trainer_client.policy import TokenBatch, TurnSample, micro_batches
+from trainer_client.readout import Readout
+
+# ---- the optimizer steps ------------------------------------------------------------------------------
+
+
+def mini_batches(n: int, size: int, generator: torch.Generator | None = None) -> list[Tensor]:
+    """A shuffled partition of range(n) into chunks of `size` (the last may be smaller)."""
+    order = torch.randperm(n, generator=generator)
+    return list(order.split(max(1, size)))
+
+
+def epoch_batches(n: int, size: int, epochs: int) -> Iterator[Tensor]:
+    """PPO's mini-batches: each epoch a fresh shuffled partition of the n samples."""
+    for _ in range(epochs):
+        yield from mini_batches(n, size)
+
+
+def optimizer_steps(optimizer: torch.optim.Optimizer, samples: Sequence[TurnSample], batches: Iterable[Tensor],
+                    micro_batch_tokens: int, after_step: Callable[[], None] | None = None,
+                    ) -> Iterator[tuple[Tensor, list[tuple[Tensor, float]]]]:
+    """For each mini-batch (sample indices): zero the gradients, yield (mini-batch, [(micro-batch indices, this
+    rank's loss scale)]) for the caller's backward passes and clipping, then step the optimizer (and
+    `after_step`, e.g. a learning-rate schedule) when the caller asks for the next one."""
+    for mini in batches:
+        optimizer.zero_grad(set_to_none=True)
+        lengths = [len(samples[i]) for i in mini.tolist()]
+        yield mini, [(mini[group], share) for group, share in rank_share(micro_batches(lengths, micro_batch_tokens))]
+        optimizer.step()
+        if after_step is not None:
+            after_step()
+
+
+# ---- what the actor's update compares against ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class UpdateTargets:
-    """Everything the update compares against, in the [N, ...] sample layout (see experience.py)."""
+    """Everything the update compares against, in the [N, ...] sample layout (see turn_batch.py)."""
 
     old_log_probs: Tensor            # [N, L]
     response_mask: Tensor            # [N, L] bool
@@ -32,6 +76,26 @@ class UpdateTargets:
     old_q_values: Tensor | None      # [N] boundary Q
     returns: Tensor | None           # [N] target of V
     q_returns: Tensor | None         # [N] target of Q, when the advantage reads Q (else Q is not trained)
+
+
+def update_targets(batch: TurnBatch, advantages: Advantages, old: Readout, ref: Readout | None,
+                   needs: EstimatorNeeds) -> UpdateTargets:
+    """The estimator's [B, T, ...] outputs in the update's [N, ...] sample layout."""
+    mask, width = batch.mask, old.log_probs.shape[1]
+    boundary = needs.values is ValueSource.BOUNDARY
+    return UpdateTargets(
+        old_log_probs=old.log_probs,
+        response_mask=old.response_mask,
+        advantages=advantages.advantages[mask][:, :width],
+        ref_log_probs=ref.log_probs if ref is not None else None,
+        old_values=old.values if boundary else None,
+        old_q_values=old.q_values if boundary else None,
+        returns=advantages.returns[mask] if boundary else None,
+        q_returns=advantages.q_returns[mask] if boundary and advantages.q_returns is not None else None,
+    )
+
+
+# ---- the PPO epochs -----------------------------------------------------------------------------------
 
 
 def _weight(indices: Tensor, mask: Tensor, whole: Tensor, loss_cfg: LossConfig) -> float:

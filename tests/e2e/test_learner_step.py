@@ -12,9 +12,9 @@ from training_fixtures import bench, toy_model  # noqa: F401  (pytest fixtures)
 
 from trainer_client.algorithms import get_estimator
 from trainer_client.config import load
-from trainer_client.experience import critic_readout, policy_readout
-from trainer_client.learner import bootstrap_values, learn, load_learner
+from trainer_client.learner import learn, load_learner
 from trainer_client.policy import TurnSample
+from trainer_client.readout import bootstrap_values, critic_readout, policy_readout
 from trainer_client.timing import ITERATION_STAGES, Timer
 from trainer_client.train_config import TrainConfig, group_size_of
 
@@ -69,7 +69,7 @@ def test_truncated_turn_form_bootstraps_from_the_critic_not_the_policy(bench, to
     episodes = bench.synthetic_episodes(small_shape(bench), learner.policy.n_policy_tokens, 1)
     episodes[1] = dataclasses.replace(episodes[1], terminated=False, truncated=True, final_prompt_ids=(5, 6, 7))
 
-    values = bootstrap_values(learner, episodes, needs, cfg.optim.micro_batch_tokens)
+    values = bootstrap_values(learner.policy, learner.critic, episodes, needs, cfg.optim.micro_batch_tokens)
     probe = [TurnSample((5, 6, 7), (learner.policy.tokenizer.eos_token_id,))]
     from_critic = critic_readout(learner.critic, probe, learner.pad, 1024)[0, 0]
     assert values[1] == pytest.approx(float(from_critic)) and from_critic != 0

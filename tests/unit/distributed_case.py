@@ -22,7 +22,7 @@ from policy_fixtures import turn_samples  # noqa: E402
 
 from trainer_client import distributed  # noqa: E402
 from trainer_client.algorithms import LossConfig  # noqa: E402
-from trainer_client.experience import policy_readout  # noqa: E402
+from trainer_client.readout import policy_readout  # noqa: E402
 from trainer_client.policy import Policy  # noqa: E402
 from trainer_client.update import UpdateTargets, ppo_policy_update  # noqa: E402
 

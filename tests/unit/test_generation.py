@@ -61,7 +61,7 @@ def test_reserved_ids_are_never_generated_after_the_rows_were_trained_large(poli
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampled_log_probs_entropies_and_v_equal_the_policy_forward(policy, temperature):
-    """What the learner may take from the sampler instead of its own no-grad pass (learner.old_policy_readout)."""
+    """What the learner may take from the sampler instead of its own no-grad pass (readout.old_policy_readout)."""
     samples = turn_samples(policy, 6)
     train_value_rows(policy, samples, target=3.0, steps=10)   # V far from its zero start, different per prompt
     prompts = [s.prompt_ids for s in samples]

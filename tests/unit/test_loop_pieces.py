@@ -13,11 +13,12 @@ import torch
 from trainer_client.algorithms import (
     AdvantageConfig, EstimatorNeeds, TurnBatch, explained_variance, get_estimator, token_mask_from_lengths,
 )
-from trainer_client.experience import Readout, turn_batch
+from trainer_client.readout import Readout
 from trainer_client.rollout import EpisodeRecord, TaskRef, Turn
 from trainer_client.timing import ITERATION_STAGES, Timer, breakdown_table, mean_stage_seconds
 from trainer_client.train import TaskSampler, kept_episodes, plan_episodes
 from trainer_client.train_config import EnvConfig, TrainConfig, group_size_of
+from trainer_client.turn_batch import turn_batch
 
 
 def test_timer_starts_every_stage_at_zero_and_accumulates():
@@ -110,7 +111,7 @@ def test_turn_batch_groups_anchor_states_at_the_configured_similarity():
     episodes = [record(0, True), record(0, True)]
     episodes[1].turns[0] = dataclasses.replace(episodes[1].turns[0], observation="obs!")
     zeros = torch.zeros(2, 1)
-    old = Readout(zeros, zeros, torch.ones(2, 1, dtype=torch.bool), zeros[:, 0], zeros[:, 0], zeros)
+    old = Readout(zeros, zeros, torch.ones(2, 1, dtype=torch.bool), zeros[:, 0], zeros[:, 0])
     needs = EstimatorNeeds(anchor_ids=True, group_size=2)
     assert turn_batch(episodes, old, needs).anchor_ids.tolist() == [[0], [1]]
     assert turn_batch(episodes, old, needs, anchor_similarity=0.8).anchor_ids.tolist() == [[0], [0]]

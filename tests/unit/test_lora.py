@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from policy_fixtures import toy_turns, turn_samples
-from trainer_client.experience import pad_id, with_trunk_features
-from trainer_client.policy import Policy, TokenBatch, build_tiny_checkpoint
+from trainer_client.policy import Policy, TokenBatch, build_tiny_checkpoint, pad_id
 from trainer_client.policy.generation import SamplingConfig, TransformersBackend
 from trainer_client.policy.lora import LoraConfig, LoraLinear, adapters_disabled, decoder_layers
 from trainer_client.policy.model import ADAPTERS_FILE, AdaptersOff
+from trainer_client.turn_batch import with_trunk_features
 
 LORA = LoraConfig(r=4, alpha=8.0)
 

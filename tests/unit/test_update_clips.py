@@ -13,7 +13,7 @@ import torch
 from policy_fixtures import micro_checkpoint, turn_samples  # noqa: F401  (fixture)
 
 from trainer_client.algorithms import LossConfig
-from trainer_client.experience import policy_readout
+from trainer_client.readout import policy_readout
 from trainer_client.policy import Policy
 from trainer_client.update import UpdateTargets, ppo_policy_update
 

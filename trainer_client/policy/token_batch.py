@@ -34,6 +34,11 @@ class TurnSample:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
+def pad_id(tokenizer) -> int:
+    """The id a TokenBatch pads with: the tokenizer's pad token, else its eos (some tokenizers have no pad)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 @dataclass(frozen=True)
 class TokenBatch:
     """Right-padded tensors for N turn samples; build with `TokenBatch.from_samples`."""

@@ -61,7 +61,7 @@ class Completion:
     log_probs: tuple[float, ...]
     finish_reason: FinishReason
     # What a backend that runs the policy's own output layer reads on the way, so the learner need not
-    # recompute it (learner.py checks that it equals its own readout before relying on it): the entropy of
+    # recompute it (readout.py checks that it equals its own readout before relying on it): the entropy of
     # each token's distribution (same temperature), and V, the reserved id's logit at the last prompt token.
     entropies: tuple[float, ...] = ()
     value: float | None = None
