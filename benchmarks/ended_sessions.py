@@ -88,7 +88,7 @@ async def play_unclosed(stub, task_ids: list[str], count: int) -> None:
 async def record_unclosed(stub, backend, task_id: str, count: int) -> None:
     """One episode over the wire, then `count - 1` copies of it recorded into the table directly (the
     same calls the server makes: open, then record each transition)."""
-    from env_server.episode import EpisodeSpec, Transition
+    from env_server.episode import EpisodeSpec, RecordedStep
 
     if count < 1:
         return
@@ -102,7 +102,7 @@ async def record_unclosed(stub, backend, task_id: str, count: int) -> None:
     for i in range(1, count):
         session, _ = table.open(EpisodeSpec("toy", "train", task_id, seed=i))
         for played, action in zip(model.transitions, actions, strict=True):
-            table.record(session, Transition(session.session_id, played.step_index, session.spec,
+            table.record(session, RecordedStep(session.session_id, played.step_index, session.spec,
                                              dataclasses.replace(played.result), played.version), action)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from env_server import registry
 from env_server.config import MIB, ServerConfig
 from env_server.envs.base import InvalidOptions, Split, StepResult, Task, UnknownSplit, unknown_options_problem
-from env_server.episode import EpisodeSpec, Transition
+from env_server.episode import EpisodeSpec, RecordedStep
 from env_server.errors import InvalidRequest, NoWorker, SessionLost, UnknownEnv, UnknownSession, WorkerFailure
 from env_server.metrics import ServerMetrics
 from env_server.sessions import Session, SessionTable
@@ -137,8 +137,8 @@ class EnvBackend:
         self._changed.clear()
 
     # ---- episodes -----------------------------------------------------------------------------------
-    async def reset(self, spec: EpisodeSpec) -> Transition:
-        """Start an episode (or return the first Transition of the living one with this episode_id)."""
+    async def reset(self, spec: EpisodeSpec) -> RecordedStep:
+        """Start an episode (or return the first RecordedStep of the living one with this episode_id)."""
         self._split(spec.env, spec.split)  # fail fast, before a session slot is taken
         problem = unknown_options_problem(spec.env, self.groups[spec.env].description.reset_options,
                                           (key for key, _ in spec.options))
@@ -148,8 +148,8 @@ class EnvBackend:
         on_abandoned = None if spec.episode_id else self._release_abandoned
         return await _detached(self._reset(spec), on_abandoned)
 
-    async def step(self, session_id: str, step_index: int, action: str) -> Transition:
-        """Apply the action as step `step_index`, or return the stored Transition when already applied."""
+    async def step(self, session_id: str, step_index: int, action: str) -> RecordedStep:
+        """Apply the action as step `step_index`, or return the stored RecordedStep when already applied."""
         session = self.table.get(session_id)
         return await _detached(self._step(session, step_index, action))
 
@@ -183,7 +183,7 @@ class EnvBackend:
         return True
 
     # ---- the call paths -------------------------------------------------------------------------------
-    async def _reset(self, spec: EpisodeSpec) -> Transition:
+    async def _reset(self, spec: EpisodeSpec) -> RecordedStep:
         while True:
             session, created = self.table.open(spec)
             if created:
@@ -206,7 +206,7 @@ class EnvBackend:
             self.metrics.reset_latency.labels(spec.env).observe(time.perf_counter() - started)
             return self._record(session, result)
 
-    async def _step(self, session: Session, step_index: int, action: str) -> Transition:
+    async def _step(self, session: Session, step_index: int, action: str) -> RecordedStep:
         async with session.lock:
             self.table.check_not_ended(session)
             stored = self.table.stored_step(session, step_index, action)
@@ -291,9 +291,9 @@ class EnvBackend:
             await self._drop_env(session)
 
     # ---- bookkeeping --------------------------------------------------------------------------------
-    def _record(self, session: Session, result: StepResult, action: str | None = None) -> Transition:
+    def _record(self, session: Session, result: StepResult, action: str | None = None) -> RecordedStep:
         version = self.groups[session.spec.env].description.version
-        transition = Transition(session.session_id, len(session.transitions), session.spec, result, version)
+        transition = RecordedStep(session.session_id, len(session.transitions), session.spec, result, version)
         self.table.record(session, transition, action)
         if result.done:
             self._note_change()
@@ -327,7 +327,7 @@ class EnvBackend:
             except NoWorker as exc:
                 log.warning("session %s waits for a worker: %s", session.session_id, exc)
 
-    def _release_abandoned(self, transition: Transition) -> None:
+    def _release_abandoned(self, transition: RecordedStep) -> None:
         self.release(transition.session_id, "was released: the client abandoned its Reset")
 
     async def _maintain(self) -> None:

@@ -12,7 +12,7 @@ from env_server.envs.base import StepResult
 from env_server.errors import InvalidRequest
 from limen.env.v1.outcome import outcome
 
-# A session keeps its spec for replay and echoes episode_id in every Transition, and the server holds up to
+# A session keeps its spec for replay and echoes episode_id in every reply, and the server holds up to
 # max_sessions live plus max_finished_sessions finished ones: unbounded, these two fields alone could fill
 # its memory. Both limits are in UTF-8 bytes; the options' one counts keys and values together.
 MAX_EPISODE_ID_BYTES = 256
@@ -53,7 +53,7 @@ def options_size(options: tuple[tuple[str, str], ...]) -> int:
 
 
 @dataclass(frozen=True)
-class Transition:
+class RecordedStep:
     """One answered reset (step_index 0) or step of a session: the env's result plus where it belongs."""
 
     session_id: str

@@ -1,12 +1,13 @@
-"""Env name -> "module:Class", imported lazily so a webshop server never imports alfworld; and env name ->
-the public data it plays on, for `limen-data fetch`."""
+"""Env name -> "module:Class", imported lazily so a webshop server never imports alfworld; and env name -> what
+the env declares for tools outside the server: the public data it plays on (`limen-data fetch`) and the splits
+it serves (a trainer's dry run), each imported only when asked for and cheap to import."""
 
 from __future__ import annotations
 
 import importlib
 
 from env_server.envs.base import TextEnv
-from env_server.envs.datasets import Dataset
+from env_server.envs.datasets import Dataset, OfflineSplits
 
 ENV_ENTRY_POINTS: dict[str, str] = {
     "toy": "env_server.envs.toy:ToyEnv",
@@ -18,6 +19,13 @@ ENV_ENTRY_POINTS: dict[str, str] = {
 ENV_DATASETS: dict[str, str] = {
     "alfworld": "env_server.envs.alfworld.dataset:DATASET",
     "webshop": "env_server.envs.webshop.dataset:DATASET",
+}
+
+# "module:attribute" of each env's OfflineSplits (envs/datasets.py): the splits it serves, told without building it.
+ENV_SPLITS: dict[str, str] = {
+    "toy": "env_server.envs.toy:OFFLINE_SPLITS",
+    "alfworld": "env_server.envs.alfworld.dataset:OFFLINE_SPLITS",
+    "webshop": "env_server.envs.webshop.goals:OFFLINE_SPLITS",
 }
 
 
@@ -47,11 +55,19 @@ def make(name: str, **config) -> TextEnv:
 
 def dataset(name: str) -> Dataset:
     """The env's public-data declaration, imported only now (a declaration may import its env's package)."""
-    try:
-        module_name, _, attribute = ENV_DATASETS[name].partition(":")
-    except KeyError:
-        raise KeyError(f"env {name!r} declares no dataset; datasets: {sorted(ENV_DATASETS)}") from None
+    if name not in ENV_DATASETS:
+        raise KeyError(f"env {name!r} declares no dataset; datasets: {sorted(ENV_DATASETS)}")
+    return _declared(ENV_DATASETS[name], Dataset)
+
+
+def offline_splits(name: str) -> OfflineSplits | None:
+    """The env's split declaration; None for an env that makes none (its splits are known once it serves)."""
+    return _declared(ENV_SPLITS[name], OfflineSplits) if name in ENV_SPLITS else None
+
+
+def _declared(target: str, kind: type):
+    module_name, _, attribute = target.partition(":")
     declared = getattr(importlib.import_module(module_name), attribute)
-    if not isinstance(declared, Dataset):
-        raise TypeError(f"{ENV_DATASETS[name]} is not a Dataset")
+    if not isinstance(declared, kind):
+        raise TypeError(f"{target} is not a {kind.__name__}")
     return declared

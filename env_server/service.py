@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 
 from env_server.backend import EnvBackend, Load
 from env_server.envs.base import EnvError, EpisodeOver, NotReset, Split, TaskExcluded, UnknownSplit, UnknownTask
-from env_server.episode import EpisodeSpec, Transition
+from env_server.episode import EpisodeSpec, RecordedStep
 from env_server.errors import (
     AnswerTooLate, Draining, EnvTimeout, InvalidRequest, NoWorker, ServerFull, UnknownEnv, UnknownSession,
     WorkerFailure,
@@ -96,7 +96,7 @@ def spec_from_pb(request: env_pb2.ResetRequest) -> EpisodeSpec:
 
 
 # ---- domain -> proto ---------------------------------------------------------------------------------
-def transition_pb(transition: Transition) -> env_pb2.Transition:
+def transition_pb(transition: RecordedStep) -> env_pb2.Transition:
     result, spec = transition.result, transition.spec
     return env_pb2.Transition(
         session_id=transition.session_id, step_index=transition.step_index,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from env_server.envs.base import EpisodeOver
-from env_server.episode import EpisodeSpec, Transition, result_digest
+from env_server.episode import EpisodeSpec, RecordedStep, result_digest
 from env_server.errors import ConflictingRetry, Draining, InvalidRequest, ServerFull, StepIndexGap, UnknownSession
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ class Session:
     session_id: str
     spec: EpisodeSpec
     last_used: float
-    transitions: list[Transition] = field(default_factory=list)
+    transitions: list[RecordedStep] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
     # The worker process holding the env instance; None before the first reset. If it died, the next
@@ -110,7 +110,7 @@ class SessionTable:
     @staticmethod
     def refuse_if_finished(session: Session) -> None:
         """A Reset repeating a finished episode's id gets the episode's end, not its start over again: the
-        first Transition would say the episode goes on, and a new episode would make the id name two."""
+        first RecordedStep would say the episode goes on, and a new episode would make the id name two."""
         if session.done:
             raise EpisodeOver(f"episode_id {session.spec.episode_id!r} (session {session.session_id}) ended at "
                               f"step {len(session.transitions) - 1}; a new episode needs a new episode_id")
@@ -130,8 +130,8 @@ class SessionTable:
             raise type(session.ended)(str(session.ended))
 
     @staticmethod
-    def stored_step(session: Session, step_index: int, action: str) -> Transition | None:
-        """The stored Transition when `step_index` was already applied with this same action (a retry);
+    def stored_step(session: Session, step_index: int, action: str) -> RecordedStep | None:
+        """The stored RecordedStep when `step_index` was already applied with this same action (a retry);
         None when it is the next step to apply. Anything else is refused."""
         if step_index < 1:
             raise InvalidRequest(f"step_index counts from 1 within a session, got {step_index}")
@@ -153,7 +153,7 @@ class SessionTable:
                               "reset to start another")
         return None
 
-    def record(self, session: Session, transition: Transition, action: str | None = None) -> Transition:
+    def record(self, session: Session, transition: RecordedStep, action: str | None = None) -> RecordedStep:
         """Store a reset (action None) or step result, with what a replay needs."""
         if transition.step_index != len(session.transitions):
             raise ValueError(f"transition {transition.step_index} recorded out of order "

@@ -27,11 +27,10 @@ from pathlib import Path
 
 import yaml
 
-from trainer_client import cli, config
+from trainer_client import config, preflight
 from trainer_client.checkpoints import find_run_config
-from trainer_client.cli import EnvTarget
 from trainer_client.env_pool import EnvPool
-from trainer_client.local_server import open_env_pool
+from trainer_client.local_server import EnvTarget, open_env_pool
 from trainer_client.paired import paired_report
 from trainer_client.policy import Policy, TransformersBackend
 from trainer_client.policy.dtypes import ModelDtype, names, torch_dtype
@@ -405,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = eval_parser()
     args = parser.parse_intermixed_args(argv)
     job = config.config_from_args(EvalJob, parser, args)
-    if cli.check_eval(job).settle(parser.prog, job, args.dry_run):
+    if preflight.check_eval(job).settle(parser.prog, job, args.dry_run):
         return 0
     results = asyncio.run(run_job(job))
     summary = summarize_results(results["runs"])

@@ -2,7 +2,7 @@
 (prompt, expert reply) text and token samples they give, built exactly as the rollout builds its prompts.
 
 Expert play follows `info["expert_action"]`, which ALFWorld, WebShop and the toy env all provide. SFT
-(trainer_client/sft.py), the demo and the tiny-model tokenizer (trainer_client/cli.py) learn from these.
+(trainer_client/sft.py), the demo and the tiny-model tokenizer (trainer_client/tiny_model.py) learn from these.
 
 With `mistake_rate` > 0, expert play makes a mistake at that share of its steps (DART-style noise) and the expert
 replans from where the mistake led: the episodes then show recoveries, which clean expert play never does.

@@ -1,5 +1,6 @@
 """Start an env server as a child process on a free loopback port, for runs given no `--env-servers`, and
-open the env pool on the servers given or on that local one.
+open the env pool on the servers given or on that local one; `EnvTarget` is the env section of the commands
+that play one split of one env there (limen-eval, the SFT command).
 
 The trainer then talks to it over a real gRPC channel, exactly as it would to a pod.
 """
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -24,6 +26,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from trainer_client.env_pool import EnvPool, PoolConfig
 
 READINESS_SERVICE = "limen.env.v1.EnvService"
+
+
+@dataclass(frozen=True)
+class EnvTarget:
+    """One split of one env, on the servers named or on a local server started for the command."""
+
+    name: str = "alfworld"
+    split: str = "valid_seen"
+    servers: tuple[str, ...] = ()
+    """host:port or dns:///name:port targets; empty starts a local env server."""
+    server_args: tuple[str, ...] = ()
+    """Extra flags for the local env server, e.g. ["--workers", "2"]."""
 
 
 def free_port() -> int:

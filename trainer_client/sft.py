@@ -21,10 +21,12 @@ from torch import Tensor
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trainer_client.cli import EnvTarget, check_sft, resolve_tiny_model
 from trainer_client.experts import ExpertEpisode, expert_episodes, expert_samples, read_jsonl
+from trainer_client.local_server import EnvTarget
 from trainer_client.policy import Policy, TokenBatch, TurnSample, pad_id
+from trainer_client.preflight import check_sft
 from trainer_client.prompts import PromptConfig
+from trainer_client.tiny_model import resolve_tiny_model
 from trainer_client.turn_batch import with_trunk_features
 from trainer_client.update import optimizer_steps
 

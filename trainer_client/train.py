@@ -26,7 +26,7 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from trainer_client import cli, config, distributed
+from trainer_client import config, distributed, preflight
 from trainer_client.algorithms import get_estimator
 from trainer_client.checkpoints import checkpoint_dir, latest_checkpoint, save_checkpoint, trainer_state
 from trainer_client.env_pool import EnvPool, PoolConfig
@@ -37,6 +37,7 @@ from trainer_client.local_server import open_env_pool
 from trainer_client.policy import Policy
 from trainer_client.policy.generation import build_backend
 from trainer_client.rollout import EpisodeRecord, TaskRef, collect
+from trainer_client.tiny_model import resolve_tiny_model
 from trainer_client.timing import Timer, breakdown_table, device_synchronizer, mean_stage_seconds
 from trainer_client.train_config import TrainConfig, group_size_of
 
@@ -294,10 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from the run dir's latest checkpoint")
     args = parser.parse_intermixed_args(argv)
     cfg = config.config_from_args(TrainConfig, parser, args)
-    if cli.check_train(cfg).settle(parser.prog, cfg, args.dry_run):
+    if preflight.check_train(cfg).settle(parser.prog, cfg, args.dry_run):
         return 0
     # A tiny-model:SIZE spec becomes the checkpoint it names (built once, cached) before the run loads it.
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=cli.resolve_tiny_model(
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=resolve_tiny_model(
         cfg.model.path, cfg.env.name, cfg.env.train_split, cfg.env.servers, cfg.env.server_args, cfg.prompt, cfg.seed)))
     asyncio.run(train(cfg, resume=args.resume))
     return 0

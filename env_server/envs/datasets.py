@@ -1,7 +1,9 @@
-"""How an env declares the public data it plays on, for `limen-data fetch` (env_server/data.py).
+"""How an env declares its data to tools outside the server: the public data it plays on, for `limen-data fetch`
+(env_server/data.py), and the splits it serves, for a trainer's dry run (trainer_client/preflight.py).
 
 An env with data to download puts a `Dataset` in a module of its own package (e.g. envs/alfworld/dataset.py)
-and names it in env_server/registry.py's ENV_DATASETS. Plain values only: the fetch itself lives server-side.
+and names it in env_server/registry.py's ENV_DATASETS; its `OfflineSplits` it names in ENV_SPLITS. Plain values,
+cheap to import (no game engine, no catalog): the fetch itself lives server-side.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -29,3 +32,21 @@ class Dataset:
     split_root: str = ""
     split_digests: Mapping[str, str] = field(default_factory=dict)
     split_files: Callable[[Path], Iterable[Path]] | None = None
+
+
+@dataclass(frozen=True)
+class OfflineSplits:
+    """The splits an env serves, told without building it: what a trainer checks a config's splits against
+    before any server starts."""
+
+    names: frozenset[str]
+    """Every split the env can serve with some data: what a server elsewhere may serve (its disk is not seen)."""
+    served: Callable[[Mapping[str, Any]], Iterable[str]] | None = None
+    """The splits a server given these env options would serve, from the disk and the options alone (nothing
+    generated, nothing loaded); raises ValueError or TypeError for options the env refuses. None: `names`."""
+    data_splits: frozenset[str] = frozenset()
+    """Splits served only from downloaded data; a server lacking one is told `data_hint`."""
+    data_hint: str = ""
+
+    def served_by(self, options: Mapping[str, Any]) -> frozenset[str]:
+        return frozenset(self.served(options)) if self.served else self.names

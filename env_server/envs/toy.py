@@ -15,11 +15,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from env_server.envs.base import Split, StepResult, Task, TextEnv
+from env_server.envs.datasets import OfflineSplits
 
 ROOMS = ("hall", "kitchen", "garden", "cellar", "attic", "study", "porch")
 OBJECTS = ("key", "apple", "coin", "lamp", "book", "cup")
 CATEGORIES = ("goto", "fetch", "switch")
 SPLIT_SIZES = {"train": 120, "test": 40}
+# What a trainer's dry run checks its splits against (registry.ENV_SPLITS): generated, so always these.
+OFFLINE_SPLITS = OfflineSplits(frozenset(SPLIT_SIZES))
 
 
 @dataclass(frozen=True)

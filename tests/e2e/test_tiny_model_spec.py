@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer_client import cli
 from trainer_client.policy import Policy
 from trainer_client.prompts import PromptConfig
 from trainer_client.sft import main as sft_main
+from trainer_client.tiny_model import resolve_tiny_model
 
 
 # The default suite builds a tiny model from nothing already (test_commands_as_written's compose trainer); this
@@ -18,12 +18,12 @@ from trainer_client.sft import main as sft_main
 @pytest.mark.slow
 def test_the_spec_builds_once_and_sft_starts_from_the_cached_model(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LIMEN_CACHE", str(tmp_path / "cache"))
-    built = Path(cli.resolve_tiny_model("tiny-model:micro", "toy", "train", (), ("--workers", "1"), PromptConfig()))
+    built = Path(resolve_tiny_model("tiny-model:micro", "toy", "train", (), ("--workers", "1"), PromptConfig()))
     assert built.parent == tmp_path / "cache" / "tiny-models" and (built / "config.json").is_file()
     policy = Policy.load(built)
     assert policy.model.config.num_hidden_layers == 1  # micro
     assert any("room" in token for token in policy.tokenizer.get_vocab())  # learned from the toy env's text
-    assert cli.resolve_tiny_model(str(built), "toy", "train", (), (), PromptConfig()) == str(built)  # a path stays
+    assert resolve_tiny_model(str(built), "toy", "train", (), (), PromptConfig()) == str(built)  # a path stays
     stamp = (built / "config.json").stat().st_mtime_ns
 
     out = tmp_path / "sft"

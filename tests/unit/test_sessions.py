@@ -6,7 +6,7 @@ import time
 import pytest
 
 from env_server.envs.base import EpisodeOver, StepResult
-from env_server.episode import EpisodeSpec, Transition, result_digest
+from env_server.episode import EpisodeSpec, RecordedStep, result_digest
 from env_server.errors import ConflictingRetry, Draining, InvalidRequest, ServerFull, StepIndexGap, UnknownSession
 from env_server.sessions import SessionTable
 
@@ -32,7 +32,7 @@ def play(table: SessionTable, session, *observations: str, done_at_end=False) ->
     for index, observation in enumerate(observations):
         done = done_at_end and index == len(observations) - 1
         action = None if index == 0 else f"action {index}"
-        table.record(session, Transition(session.session_id, index, session.spec, result(observation, done), "v"),
+        table.record(session, RecordedStep(session.session_id, index, session.spec, result(observation, done), "v"),
                      action)
 
 
@@ -105,7 +105,7 @@ def test_a_step_after_the_end_is_refused_but_a_retry_of_the_last_is_answered(tab
 def test_transitions_must_be_recorded_in_order(table):
     session, _ = table.open(spec())
     with pytest.raises(ValueError, match="out of order"):
-        table.record(session, Transition(session.session_id, 1, session.spec, result(), "v"), "look")
+        table.record(session, RecordedStep(session.session_id, 1, session.spec, result(), "v"), "look")
 
 
 def test_ended_sessions_answer_with_their_reason(table):

@@ -14,21 +14,21 @@ The files, from the trainer's side inwards:
     servers.py     ServerSet: discovered servers, their loads, pinned env versions, placement order
     transport.py   unary calls with retries, and the two session transports (Episode stream, unary)
     discovery.py   targets (host:port, dns:///name:port) and their resolution
-    config.py      PoolConfig;  values.py  Transition, EnvInfo;  stats.py  PoolStats;  errors.py  EnvPoolError
+    config.py      PoolConfig;  replies.py  Transition, EnvInfo;  stats.py  PoolStats;  errors.py  EnvPoolError
 """
 
 from trainer_client.env_pool.config import PoolConfig, Transport
-from trainer_client.env_pool.episode import Episode, EpisodeSpec
+from trainer_client.env_pool.episode import Episode, EpisodeRecipe
 from trainer_client.env_pool.errors import (
     EnvPoolError, EpisodeDropped, EpisodeOver, InvalidAction, MixedVersions, NoServerAvailable, ReplayMismatch,
     ServerError, SessionLost, StepTimedOut, Unauthenticated, UnknownEnvOrTask,
 )
 from trainer_client.env_pool.pool import EnvPool
 from trainer_client.env_pool.stats import PoolStats, ServerStats
-from trainer_client.env_pool.values import EnvInfo, SplitInfo, Transition
+from trainer_client.env_pool.replies import EnvInfo, SplitInfo, Transition
 
 __all__ = [
-    "EnvInfo", "EnvPool", "EnvPoolError", "Episode", "EpisodeDropped", "EpisodeOver", "EpisodeSpec",
+    "EnvInfo", "EnvPool", "EnvPoolError", "Episode", "EpisodeDropped", "EpisodeOver", "EpisodeRecipe",
     "InvalidAction", "MixedVersions", "NoServerAvailable", "PoolConfig", "PoolStats", "ReplayMismatch",
     "ServerError", "ServerStats", "SessionLost", "SplitInfo", "StepTimedOut", "Transition", "Transport",
     "Unauthenticated", "UnknownEnvOrTask",

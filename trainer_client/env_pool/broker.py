@@ -13,8 +13,8 @@ from trainer_client.env_pool.config import PoolConfig, backoff_s
 from trainer_client.env_pool.errors import MixedVersions, NoServerAvailable
 from trainer_client.env_pool.servers import ServerSet
 from trainer_client.env_pool.stats import Counters
-from trainer_client.env_pool.transport import Calls, Session
-from trainer_client.env_pool.values import Transition, transition_from_proto
+from trainer_client.env_pool.transport import Calls, SessionHandle
+from trainer_client.env_pool.replies import Transition, transition_from_proto
 
 
 class SessionBroker:
@@ -26,7 +26,7 @@ class SessionBroker:
         self._chores: set[asyncio.Task] = set()   # closes of abandoned sessions, run in the background
 
     async def open(self, request: env_pb2.ResetRequest,
-                   avoid: frozenset[str]) -> tuple[Session, env_pb2.Transition]:
+                   avoid: frozenset[str]) -> tuple[SessionHandle, env_pb2.Transition]:
         """A new session answering `request`, and its reset. `avoid`: servers to try last."""
         # Full servers are back-pressure, not failure: while some host is up and merely full, the wait for a
         # slot (up to reset_timeout_s) uses up no placement round, so a burst of episodes queues instead of
@@ -62,7 +62,7 @@ class SessionBroker:
         raise NoServerAvailable(f"no server took a {request.env!r} session in {self.config.placement_rounds} "
                                 f"rounds: {self._servers.describe_all()}")
 
-    def accept(self, reply: env_pb2.Transition, env: str, episode_id: str, session: Session) -> Transition:
+    def accept(self, reply: env_pb2.Transition, env: str, episode_id: str, session: SessionHandle) -> Transition:
         """A reply of `session` as the trainer sees it, after the version check that keeps one run on one
         version of `env`."""
         server = session.server.address
@@ -73,13 +73,13 @@ class SessionBroker:
             self._counters.count("steps", server)
         return transition_from_proto(reply, episode_id=episode_id, server=server)
 
-    async def release(self, session: Session) -> None:
+    async def release(self, session: SessionHandle) -> None:
         """Close a session the episode is done with."""
         session.server.live -= 1
         self._counters.count("closed")
         await session.close()
 
-    def abandon(self, session: Session, lost: bool = False) -> None:
+    def abandon(self, session: SessionHandle, lost: bool = False) -> None:
         """Give a session up without waiting: its close runs in the background. `lost`: it failed."""
         session.server.live -= 1
         if lost:

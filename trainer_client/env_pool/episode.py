@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from limen.env.v1 import env_pb2
 from trainer_client.env_pool.broker import SessionBroker
 from trainer_client.env_pool.errors import EnvPoolError, EpisodeDropped, EpisodeOver, InvalidAction, ReplayMismatch
-from trainer_client.env_pool.transport import Session
-from trainer_client.env_pool.values import Transition, transition_from_proto
+from trainer_client.env_pool.transport import SessionHandle
+from trainer_client.env_pool.replies import Transition, transition_from_proto
 
 
 @dataclass(frozen=True)
-class EpisodeSpec:
+class EpisodeRecipe:
     """What identifies an episode, so that it can be re-created anywhere."""
 
     env: str
@@ -42,11 +42,11 @@ class Episode:
     one; then play continues as if nothing happened. Past `replay_attempts`, it raises EpisodeDropped.
     """
 
-    def __init__(self, broker: SessionBroker, spec: EpisodeSpec, on_end: Callable[[Episode], None]) -> None:
+    def __init__(self, broker: SessionBroker, spec: EpisodeRecipe, on_end: Callable[[Episode], None]) -> None:
         self.spec = spec
         self._broker = broker
         self._on_end = on_end   # the pool stops tracking the episode once it is closed or dropped
-        self._session: Session | None = None
+        self._session: SessionHandle | None = None
         self._sessions_opened = 0
         self._lost_on: frozenset[str] = frozenset()   # where the last session was lost: placed last
         self._actions: list[str] = []
@@ -55,7 +55,7 @@ class Episode:
         self._ended: str = ""   # why no further step is allowed: "closed" or "dropped"
 
     @classmethod
-    async def open(cls, broker: SessionBroker, spec: EpisodeSpec, on_end: Callable[[Episode], None]) -> Episode:
+    async def open(cls, broker: SessionBroker, spec: EpisodeRecipe, on_end: Callable[[Episode], None]) -> Episode:
         """Start the episode on its first session; `first` is then the reset."""
         episode = cls(broker, spec, on_end)
         async with episode._lock:
@@ -176,7 +176,7 @@ class Episode:
             self._broker.count("replays")
         return first
 
-    def _check_replayed(self, step_index: int, reply: env_pb2.Transition, session: Session) -> None:
+    def _check_replayed(self, step_index: int, reply: env_pb2.Transition, session: SessionHandle) -> None:
         if step_index >= len(self._transitions):
             return
         recorded = self._transitions[step_index]

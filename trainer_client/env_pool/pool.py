@@ -15,12 +15,12 @@ from limen.env.v1 import env_pb2
 from trainer_client.env_pool.broker import SessionBroker
 from trainer_client.env_pool.config import PoolConfig
 from trainer_client.env_pool.discovery import HostLookup, system_lookup
-from trainer_client.env_pool.episode import Episode, EpisodeSpec
+from trainer_client.env_pool.episode import Episode, EpisodeRecipe
 from trainer_client.env_pool.errors import NoServerAvailable, SessionLost, StepTimedOut, Unauthenticated
 from trainer_client.env_pool.servers import Server, ServerSet
 from trainer_client.env_pool.stats import Counters, PoolStats
 from trainer_client.env_pool.transport import Calls
-from trainer_client.env_pool.values import EnvInfo, env_info_from_proto
+from trainer_client.env_pool.replies import EnvInfo, env_info_from_proto
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class EnvPool:
             raise RuntimeError("the pool is not started: use `async with EnvPool(...)` or await start()")
         if max_turns < 0:
             raise ValueError(f"max_turns must be >= 0, got {max_turns}")
-        spec = EpisodeSpec(env, split, task_id, seed, max_turns, dict(options or {}),
+        spec = EpisodeRecipe(env, split, task_id, seed, max_turns, dict(options or {}),
                            episode_id or uuid.uuid4().hex)
         episode = await Episode.open(self._broker, spec, on_end=self._episodes.discard)
         self._episodes.add(episode)

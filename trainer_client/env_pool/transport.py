@@ -45,7 +45,7 @@ class Calls:
         except grpc.aio.AioRpcError as error:
             raise status_error(error.code(), error.details(), phase, server.address) from error
 
-    def new_session(self, server: Server) -> Session:
+    def new_session(self, server: Server) -> SessionHandle:
         """A session on `server` over the configured transport; `reset` opens it."""
         return _SESSION_TYPES[self.config.transport](self, server)
 
@@ -149,7 +149,8 @@ class StreamSession:
             self.call.cancel()   # a no-op once the stream has finished
 
 
-Session = UnarySession | StreamSession
+# The trainer's handle on one session of one server (the server's own record of it: env_server/sessions.py).
+SessionHandle = UnarySession | StreamSession
 _SESSION_TYPES: dict[str, type[UnarySession] | type[StreamSession]] = {
     "unary": UnarySession, "stream": StreamSession,
 }

@@ -1,10 +1,13 @@
-"""ALFWorld's public data, as `limen-data fetch alfworld` downloads and checks it (see envs/datasets.py)."""
+"""ALFWorld's public data, as `limen-data fetch alfworld` downloads and checks it, and the splits a server
+serves from it (see envs/datasets.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from env_server.envs.datasets import Asset, Dataset
+from env_server.envs.datasets import Asset, Dataset, OfflineSplits
 
 _RELEASES = "https://github.com/alfworld/alfworld/releases/download"
 
@@ -30,8 +33,8 @@ DATASET = Dataset(
         Asset("json_2.1.2_tw-pddl.zip", f"{_RELEASES}/0.4.0/json_2.1.2_tw-pddl.zip", None, unpack=True),
     ),
     split_root="json_2.1.1",
-    # tree digest of game_files(split), computed from the sha256 of every file listed in
-    # shared/data/alfworld/SHA256SUMS (140 / 134 / 200 games, judged there to be the release files).
+    # tree digest of game_files(split), computed from the sha256 of every file of a byte-for-byte copy of
+    # the official evaluation games (140 / 134 / 200 games; docs/DATA.md#alfworld).
     # No digest is known for `train`: it is installed only with --allow-unverified.
     split_digests={
         "valid_seen": "9e05888ca21af58540cbc4251196eba842232e99f27244553c1a7ae6a3bfd2b1",
@@ -39,4 +42,26 @@ DATASET = Dataset(
         "valid_train": "d9346fe864cb602560b8b20cdd05453781ae4ac998451a1d92dcde12effc3027",
     },
     split_files=game_files,
+)
+
+
+# The official release's splits (the three hashed above, and train) and the generated ones
+# (AlfWorldConfig.generated_splits), which a server serves when it has no official data.
+OFFICIAL_SPLITS = frozenset({"train", *DATASET.split_digests})
+GENERATED_SPLITS = frozenset({"gen_train", "gen_test"})
+
+
+def served_splits(options: Mapping[str, Any]) -> set[str]:
+    """The splits a server given these alfworld options serves, from the disk: no game is read or generated."""
+    # Imported only now: the game engine comes with it, and only a check of a local server needs it.
+    from env_server.envs.alfworld.env import AlfWorldConfig
+
+    return AlfWorldConfig(**options).split_names()
+
+
+OFFLINE_SPLITS = OfflineSplits(
+    names=OFFICIAL_SPLITS | GENERATED_SPLITS,
+    served=served_splits,
+    data_splits=OFFICIAL_SPLITS,
+    data_hint="official games need ALFWORLD_DATA with json_2.1.1/; see limen-data fetch alfworld",
 )

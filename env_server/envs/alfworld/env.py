@@ -49,11 +49,20 @@ class AlfWorldConfig:
         data_dir = self.data_dir if self.data_dir is not None else os.environ.get("ALFWORLD_DATA", "")
         return Path(data_dir) if data_dir and (Path(data_dir) / SPLIT_ROOT).is_dir() else None
 
+    def serves_generated(self) -> bool:
+        return self.generated if self.generated is not None else self.official_root() is None
+
     def generated_splits(self) -> dict[str, generate.SplitSpec]:
         return {
             "gen_train": generate.SplitSpec(self.gen_train_games, self.gen_seed, self.size),
             "gen_test": generate.SplitSpec(self.gen_test_games, self.gen_seed + 1, self.size),
         }
+
+    def split_names(self) -> set[str]:
+        """The splits an env with this config serves, told from folder names alone (no game read or generated)."""
+        root = self.official_root()
+        official = {p.name for p in (root / SPLIT_ROOT).iterdir() if p.is_dir()} if root else set()
+        return official | (set(self.generated_splits()) if self.serves_generated() else set())
 
     def cache_root(self) -> Path:
         if self.cache_dir:
@@ -71,7 +80,7 @@ class AlfWorldEnv(TextEnv):
         super().__init__()
         self.config = AlfWorldConfig(**config)
         self._official_root = self.config.official_root()
-        serve_generated = self.config.generated if self.config.generated is not None else self._official_root is None
+        serve_generated = self.config.serves_generated()
         if not serve_generated and self._official_root is None:
             raise ValueError("alfworld: no games to serve: no official data (data_dir / ALFWORLD_DATA) and generated=False")
         self._generated = self.config.generated_splits() if serve_generated else {}

@@ -1,5 +1,5 @@
 """WebShop goals: synthetic (one per option combination of each goal-seed product) or human (one
-per annotated instruction), in the original's fixed seeded order (research/webshop.md §3).
+per annotated instruction), in the original's fixed seeded order (docs/DESIGN.md#webshop-goals).
 
 Seed scheme, every draw with its own fresh `random.Random`, so goals depend on nothing but the data:
 product prices use catalog.PRICE_SEED (233); price bounds use BOUND_SEED (233, as AgentGym seeds its
@@ -13,6 +13,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
+from env_server.envs.datasets import OfflineSplits
 from env_server.envs.webshop.catalog import Catalog, Product
 
 PRICE_STEPS = tuple(10.0 * i for i in range(1, 100))   # 10, 20, ..., 990
@@ -118,3 +119,8 @@ def split_ranges(num_goals: int) -> dict[str, range]:
     """test = goals 0-499, train = the rest (fewer goals: test shrinks to the first tenth)."""
     test_size = TEST_GOALS if num_goals > 2 * TEST_GOALS else max(1, num_goals // 10)
     return {"test": range(0, test_size), "train": range(test_size, num_goals)}
+
+
+# What a trainer's dry run checks its splits against (registry.ENV_SPLITS): every catalog, the synthetic one
+# included, is cut into the same two splits, whatever its number of goals.
+OFFLINE_SPLITS = OfflineSplits(frozenset(split_ranges(num_goals=10_000)))

@@ -1,4 +1,5 @@
-"""The frozen values an env pool hands a trainer: transitions and env descriptions. No I/O here."""
+"""What the env servers reply, as the frozen values an env pool hands a trainer: transitions (Reset, Step) and
+env descriptions (ListEnvs). No I/O here."""
 
 from __future__ import annotations
 

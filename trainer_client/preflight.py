@@ -1,44 +1,21 @@
-"""What every limen command that runs from a config shares beyond the loader: the env section of the one-env
-commands, the static checks of `--dry-run`, and the `tiny-model:SIZE` model spec of the CPU presets.
+"""The static checks of `--dry-run` that every limen command run from a config shares.
 
 The checks start nothing, load no weights and contact nothing: a preset, a checkpoint or a split that does not
 exist is found before a server starts or a model loads. Splits are checked against what a local server would
 serve (read from disk and the server's own flags), or, when the run names servers, against the split names
-the env can serve at all (a remote server's data is not visible from here).
+the env can serve at all (a remote server's data is not visible from here). What an env serves is the env's
+own declaration, read through the env registry (`registry.offline_splits`): nothing here knows an env by name.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import json
-import os
-import random
-import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer_client import config
-
-TINY_MODEL_PREFIX = "tiny-model:"
-# Expert episodes whose text the tiny model's tokenizer is trained on (the demo trains on its SFT episodes).
-TINY_MODEL_EPISODES = 48
-# ALFWorld's official release (env_server.data lists the three with known digests; `train` is unhashed).
-ALFWORLD_OFFICIAL_SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
-
-
-@dataclass(frozen=True)
-class EnvTarget:
-    """One split of one env, on the servers named or on a local server started for the command."""
-
-    name: str = "alfworld"
-    split: str = "valid_seen"
-    servers: tuple[str, ...] = ()
-    """host:port or dns:///name:port targets; empty starts a local env server."""
-    server_args: tuple[str, ...] = ()
-    """Extra flags for the local env server, e.g. ["--workers", "2"]."""
+from trainer_client.tiny_model import tiny_model_cache, tiny_model_size
 
 
 @dataclass
@@ -67,11 +44,6 @@ class Preflight:
 
 
 # ---- models ------------------------------------------------------------------------------------------------
-
-
-def tiny_model_size(spec: str) -> str | None:
-    """`tiny-model:SIZE` -> SIZE; None for any other model path."""
-    return spec[len(TINY_MODEL_PREFIX):] if spec.startswith(TINY_MODEL_PREFIX) else None
 
 
 def check_model(path: str, what: str, report: Preflight) -> None:
@@ -105,67 +77,18 @@ def looks_like_hub_name(path: str) -> bool:
     return len(parts) == 2 and all(parts) and not path.startswith((".", "~")) and not path.endswith((".yaml", ".json"))
 
 
-def tiny_model_cache() -> Path:
-    root = os.environ.get("LIMEN_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "limen") / "tiny-models"
-
-
-async def build_tiny_model(spec: str, env: str, split: str, servers: Sequence[str], server_args: Sequence[str],
-                           prompts, seed: int = 0, episodes: int = TINY_MODEL_EPISODES) -> Path:
-    """The checkpoint a `tiny-model:SIZE` spec names: a random-init tiny Qwen2 model whose tokenizer is trained
-    on the text of expert play of `env`/`split` (as the demo builds its model), made once and cached by
-    everything that shapes it (env version included), so later runs start at once."""
-    from trainer_client.local_server import open_env_pool
-    from trainer_client.policy.tiny import build_tiny_checkpoint
-    from trainer_client.experts import expert_episodes, expert_texts
-
-    size = tiny_model_size(spec)
-    async with open_env_pool(servers, [env], server_args) as pool:
-        version = (await pool.list_envs())[env].version
-        recipe = json.dumps([env, split, version, size, seed, episodes, config.to_dict(prompts)], sort_keys=True)
-        out = tiny_model_cache() / f"{env}-{split}-{size}-{hashlib.sha256(recipe.encode()).hexdigest()[:16]}"
-        if (out / "config.json").is_file():
-            return out
-        task_ids = sorted(await pool.list_tasks(env, split))
-        played = random.Random(seed).sample(task_ids, min(episodes, len(task_ids)))
-        experts = await expert_episodes(pool, env, split, played, seed)
-    texts = [text for pair in expert_texts(experts, prompts) for text in pair]
-    if not texts:
-        raise RuntimeError(f"expert play of {env}/{split} gave no text to train the tiny model's tokenizer on")
-    staging = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    build_tiny_checkpoint(texts, staging, size=size, seed=seed)
-    try:
-        staging.rename(out)
-    except OSError:  # a concurrent build of the same recipe got there first: use that one
-        shutil.rmtree(staging, ignore_errors=True)
-    return out
-
-
-def resolve_tiny_model(spec: str, env: str, split: str, servers: Sequence[str], server_args: Sequence[str],
-                       prompts, seed: int = 0) -> str:
-    """The model path to load: `spec` itself unless it is a tiny-model spec, then the built checkpoint."""
-    if tiny_model_size(spec) is None:
-        return spec
-    return str(asyncio.run(build_tiny_model(spec, env, split, servers, server_args, prompts, seed)))
-
-
 # ---- envs and splits ----------------------------------------------------------------------------------------
 
 
-def known_splits(env: str) -> set[str] | None:
-    """Every split name `env` can serve with any data (for remote servers); None for an env not known here."""
-    if env == "alfworld":
-        return set(ALFWORLD_OFFICIAL_SPLITS) | {"gen_train", "gen_test"}
-    if env == "webshop":
-        from env_server.envs.webshop.goals import split_ranges
-        return set(split_ranges(10_000))
-    if env == "toy":
-        from env_server.envs.toy import SPLIT_SIZES
-        return set(SPLIT_SIZES)
-    return None
+def known_splits(env: str) -> frozenset[str] | None:
+    """Every split name `env` can serve with any data (for remote servers); None for an env that declares none."""
+    from env_server import registry
+
+    declared = registry.offline_splits(env)
+    return declared.names if declared else None
 
 
-def local_splits(env: str, server_args: Sequence[str], report: Preflight) -> set[str] | None:
+def local_splits(env: str, server_args: Sequence[str], report: Preflight) -> frozenset[str] | None:
     """The splits a local server started with `server_args` would serve, from the disk and its flags (no
     game is generated, no catalog is read); None when that cannot be told without starting one."""
     from env_server import registry
@@ -180,21 +103,15 @@ def local_splits(env: str, server_args: Sequence[str], report: Preflight) -> set
     if env not in registry.ENV_ENTRY_POINTS and env not in server.entry_points:
         report.problems.append(f"env {env!r} is not registered; registered: {sorted(registry.ENV_ENTRY_POINTS)}")
         return None
+    declared = registry.offline_splits(env)
+    if declared is None:
+        return None
     options = dict(server.env_options.get(env, {}))
-    if env == "alfworld":
-        from env_server.envs.alfworld.env import AlfWorldConfig
-        from env_server.envs.alfworld.games import SPLIT_ROOT
-        try:
-            config = AlfWorldConfig(**options)
-        except (TypeError, ValueError) as error:
-            report.problems.append(f"alfworld options {options}: {error}")
-            return None
-        root = config.official_root()
-        names = {p.name for p in (root / SPLIT_ROOT).iterdir() if p.is_dir()} if root else set()
-        if config.generated if config.generated is not None else root is None:
-            names |= set(config.generated_splits())
-        return names
-    return known_splits(env)
+    try:
+        return declared.served_by(options)
+    except (TypeError, ValueError) as error:
+        report.problems.append(f"{env} options {options}: {error}")
+        return None
 
 
 def check_split(env: str, split: str, what: str, servers: Sequence[str], server_args: Sequence[str],
@@ -209,13 +126,20 @@ def check_split(env: str, split: str, what: str, servers: Sequence[str], server_
         names, where = local_splits(env, server_args, report), "the local server"
         if names is None:
             return
-    if split not in names:
-        hint = ""
-        if env == "alfworld" and not servers and split in ALFWORLD_OFFICIAL_SPLITS:
-            hint = " (official games need ALFWORLD_DATA with json_2.1.1/; see limen-data fetch alfworld)"
-        report.problems.append(f"{what} {split!r} is not a split {where} serves: {sorted(names)}{hint}")
-    else:
+    if split in names:
         report.notes.append(f"{what} {split!r}: served by {where}")
+        return
+    hint = "" if servers else missing_data_hint(env, split)
+    report.problems.append(f"{what} {split!r} is not a split {where} serves: {sorted(names)}"
+                           + (f" ({hint})" if hint else ""))
+
+
+def missing_data_hint(env: str, split: str) -> str:
+    """What the env says to do when a local server lacks `split` for want of data; "" when it says nothing."""
+    from env_server import registry
+
+    declared = registry.offline_splits(env)
+    return declared.data_hint if declared and split in declared.data_splits else ""
 
 
 def check_servers(servers: Sequence[str], report: Preflight) -> None:
