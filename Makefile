@@ -10,10 +10,12 @@ export OMP_WAIT_POLICY ?= PASSIVE
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Builds that shell out to `python` (fast-downward's build.py) must find the venv's, not a pyenv shim or none.
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
-# The real data, where this machine has it (tests skip with a reason when it is absent).
-SHARED_DATA := $(abspath ../shared/data)
-export ALFWORLD_DATA ?= $(if $(wildcard $(SHARED_DATA)/alfworld/json_2.1.1),$(SHARED_DATA)/alfworld)
-export WEBSHOP_DATA ?= $(if $(wildcard $(SHARED_DATA)/webshop/items_shuffle_1000.json),$(SHARED_DATA)/webshop)
+# Where this machine keeps the real data (docs/DATA.md): a search location, not a citation. Override it with
+# `make DATA_ROOT=DIR ...`; ALFWORLD_DATA / WEBSHOP_DATA set by the caller win. Tests skip with a reason when the
+# data is absent.
+DATA_ROOT ?= $(abspath ../shared/data)
+export ALFWORLD_DATA ?= $(if $(wildcard $(DATA_ROOT)/alfworld/json_2.1.1),$(DATA_ROOT)/alfworld)
+export WEBSHOP_DATA ?= $(if $(wildcard $(DATA_ROOT)/webshop/items_shuffle_1000.json),$(DATA_ROOT)/webshop)
 
 .PHONY: install proto test test-slow test-learning demo bench clean
 

@@ -1,5 +1,5 @@
 """Policy compute, side by side in one run: what the output layer only at response positions, the two-row
-readout and bf16 autocast buy over the plain full-logits way (research/compute.md §2 and §4).
+readout and bf16 autocast buy over the plain full-logits way (docs/DESIGN.md#cpu-compute).
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/bench_policy.py [--device cuda] [--out result.json]
 """

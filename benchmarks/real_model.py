@@ -424,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not os.environ.get("ALFWORLD_DATA"):
         parser.error("the run plays the official ALFWorld games: set ALFWORLD_DATA to the folder holding "
-                     "json_2.1.1/ (`make real-model` does where ../shared/data has it; limen-data fetch alfworld)")
+                     "json_2.1.1/ (`make real-model` does where its DATA_ROOT has them; limen-data fetch alfworld; "
+                     "docs/DATA.md)")
     results = asyncio.run(Run(cfg, Console(stderr=True), args.commit).run())
     seen = results["rows"].get("rl", results["rows"].get("sft", {})).get("valid_seen", {}).get("all", {})
     print(f"real model: valid_seen All {seen.get('success', float('nan')):.3f} (target 0.218); "

@@ -297,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not os.environ.get("ALFWORLD_DATA"):
         parser.error("the check plays the official ALFWorld games: set ALFWORLD_DATA to the folder holding "
-                     "json_2.1.1/ (`make real-model-check` does where ../shared/data has it; limen-data fetch alfworld)")
+                     "json_2.1.1/ (`make real-model-check` does where its DATA_ROOT has them; limen-data fetch "
+                     "alfworld; docs/DATA.md)")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     results = asyncio.run(run(cfg, Console(stderr=True)))

@@ -121,7 +121,8 @@ def render_webshop(runs: list[dict]) -> str:
         row("full 1.18M catalog build, extrapolated by tokens, min",
             lambda r: r.get("full_catalog_build_min_at_real_length", float("nan"))),
     ]
-    return (f"Catalog `{env['catalog']}` ({env['products']} products), {env['search_ms']['n']} goal queries and "
+    catalog = env["catalog"] if env["catalog"].startswith("synthetic") else "$WEBSHOP_DATA"  # not a machine path
+    return (f"Catalog `{catalog}` ({env['products']} products), {env['search_ms']['n']} goal queries and "
             f"{env['reset_ms']['n']} expert episodes ({env['step_ms']['n']} steps) per run; median [min, max] over "
             f"{len(runs)} runs.\n\n" + markdown_table(["figure", "value"], rows))
 
@@ -449,7 +450,9 @@ def render_machine(info: Mapping) -> str:
             ["threads", f"OMP_WAIT_POLICY={info['OMP_WAIT_POLICY']}; each benchmark fixes its own torch/BLAS "
                         f"threads (1 unless its command says --threads); torch's default here: "
                         f"{info['torch_default_threads']}"],
-            ["data", ", ".join(f"{name}={value}" for name, value in data.items()) or "not recorded"],
+            # The variables, not this machine's paths: docs/DATA.md says where the data comes from.
+            ["data", ", ".join(f"${name}" if value != "(unset)" else f"{name} unset" for name, value in data.items())
+             or "not recorded"],
             ["code", info["git"]], ["run started", info["started_at"]],
             ["run finished", info.get("finished_at", "not recorded")]]
     if info.get("reruns"):

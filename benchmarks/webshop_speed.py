@@ -1,7 +1,7 @@
 """WebShop speed: search latency on the 1k catalog, env reset/step latency, and BM25 index build time
 on a synthetic 100k-product catalog, extrapolated to the full 1.18M-product catalog.
 
-    WEBSHOP_DATA=../shared/data/webshop .venv/bin/python benchmarks/webshop_speed.py [--products 100000]
+    WEBSHOP_DATA=DIR .venv/bin/python benchmarks/webshop_speed.py [--products 100000]
 
 Single-threaded on purpose (OMP_WAIT_POLICY=PASSIVE, one BLAS thread): a worker process is one core.
 """

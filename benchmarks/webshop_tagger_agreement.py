@@ -3,7 +3,7 @@
 Pairs: every goal against the target and the top-10 search results for its instruction (what a
 policy would plausibly buy). Prints the agreement of noun lists, title scores, r_type and reward.
 
-    WEBSHOP_DATA=../shared/data/webshop .venv/bin/python benchmarks/webshop_tagger_agreement.py
+    WEBSHOP_DATA=DIR .venv/bin/python benchmarks/webshop_tagger_agreement.py
 """
 
 from __future__ import annotations

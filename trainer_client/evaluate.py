@@ -7,7 +7,7 @@
 
 Sampling is at the anchor's temperature 0.4 (TrainConfig.eval_temperature). Each results file holds one
 checkpoint's counts per eval seed; `combine` pools files by label into the anchor's table
-(research/algorithm.md §2.1) and plots learning curves from runs' metrics.jsonl.
+(docs/DESIGN.md#anchor-numbers) and plots learning curves from runs' metrics.jsonl.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pathlib import Path
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-# The anchor protocol's prompt budgets (research/algorithm.md §2.1): the longest prompt a sample holds.
+# The anchor protocol's prompt budgets (docs/DESIGN.md#anchor-protocol): the longest prompt a sample holds.
 ANCHOR_PROMPT_TOKENS = {"alfworld": 2048, "webshop": 4096}
 CUDA_CONTEXT_GIB = 1.0        # CUDA context + cuBLAS/NCCL workspaces, per process
 FRAGMENTATION = 0.10          # caching-allocator slack on top of live tensors

@@ -1,6 +1,6 @@
 """Per-iteration runtime breakdown: named stage timers and the compact table that train.py and benchmarks print.
 
-The stage names are verl's `timing_raw` keys (research/algorithm.md §1), so our numbers line up with the
+The stage names are verl's `timing_raw` keys (docs/DESIGN.md#runtime-anchor), so our numbers line up with the
 seed's 451.2 s -> 301.4 s claim; every algorithm reports every stage, 0 where it has none.
 """
 

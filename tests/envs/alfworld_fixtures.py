@@ -46,7 +46,7 @@ def generated_options() -> dict:
 def official_data_dir() -> str:
     data_dir = os.environ.get("ALFWORLD_DATA", "")
     if not (data_dir and (Path(data_dir) / SPLIT_ROOT).is_dir()):
-        pytest.skip("needs the official ALFWorld games: set ALFWORLD_DATA (see ../shared/data/alfworld/SOURCE.md)")
+        pytest.skip("needs the official ALFWorld games: set ALFWORLD_DATA (see docs/DATA.md)")
     return data_dir
 
 

@@ -1,5 +1,5 @@
 """Memory of one worker process over many resets: flat with pooled engines; the per-reset engine leak
-(every new PddlEnv maps its own libdownward copy, research/alfworld.md §7) shown as the control."""
+(every new PddlEnv maps its own libdownward copy, docs/DESIGN.md#alfworld-libdownward-per-pddlenv) shown as the control."""
 
 from __future__ import annotations
 

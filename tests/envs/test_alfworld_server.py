@@ -23,7 +23,7 @@ from env_server.server import serve
 from limen.env.v1 import env_pb2, env_pb2_grpc
 
 EVAL_SPLITS = ("valid_seen", "valid_unseen")
-EXPERT_TURNS = 150  # the cap under which upstream's expert was measured (research/alfworld.md §2)
+EXPERT_TURNS = 150  # the cap under which upstream's expert was measured (docs/DESIGN.md#alfworld-expert)
 
 
 @asynccontextmanager

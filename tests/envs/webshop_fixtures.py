@@ -39,5 +39,5 @@ def real_world_dir() -> str:
 
     data_dir = os.environ.get("WEBSHOP_DATA")
     if not data_dir:
-        pytest.skip("needs the WebShop data: set WEBSHOP_DATA (see ../shared/data/webshop/SOURCE.md)")
+        pytest.skip("needs the WebShop data: set WEBSHOP_DATA (see docs/DATA.md)")
     return data_dir

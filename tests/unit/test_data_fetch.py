@@ -333,7 +333,7 @@ def test_entrypoint_does_not_start_the_server_after_a_corrupt_download(server, t
     assert "listening" not in result.stderr
 
 
-# ---- the published manifests against the real data (shared/data) -------------------------------------
+# ---- the published manifests against the real data ($WEBSHOP_DATA, $ALFWORLD_DATA; docs/DATA.md) ----------
 
 
 @pytest.mark.data

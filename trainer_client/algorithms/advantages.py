@@ -1,7 +1,8 @@
 """Advantage estimators over a per-turn batch: ours (boundary) and every baseline, one signature.
 
 `ADVANTAGE_ESTIMATORS[name](batch, cfg) -> Advantages`; `ADVANTAGE_ESTIMATORS[name].needs(cfg)` says what the
-loop must put in the TurnBatch. Math follows research/algorithm.md §4; verl-agent's quirks (§3) are kept.
+loop must put in the TurnBatch. The math: docs/DESIGN.md#the-method; the baselines keep verl-agent's quirks
+(docs/DESIGN.md#the-baselines-as-run).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def _masked_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Turn-level GAE and batch normalization (signatures fixed by DESIGN.md)
+# Turn-level GAE and batch normalization (signatures fixed by docs/DESIGN.md#the-estimator-contract)
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -286,10 +287,10 @@ def boundary(batch: TurnBatch, cfg: AdvantageConfig) -> Advantages:
 def ppo_critic(batch: TurnBatch, cfg: AdvantageConfig) -> Advantages:
     """PPO with a separate critic, in verl-agent's form or as our turn-level ablation (cfg.ppo_critic_form).
 
-    verl (algorithm.md §3.3): inside each turn, token-level GAE (token_gamma = token_lam = 1) over the
-    critic's token values, with the episode reward minus this turn's penalty on the turn's last token and
-    no bootstrapping across turns; advantages whitened over all response tokens (token-weighted);
-    returns [B, T, L] = pre-whitening advantages + token values.
+    verl (docs/DESIGN.md#the-baselines-as-run): inside each turn, token-level GAE
+    (token_gamma = token_lam = 1) over the critic's token values, with the episode reward minus this turn's
+    penalty on the turn's last token and no bootstrapping across turns; advantages whitened over all response
+    tokens (token-weighted); returns [B, T, L] = pre-whitening advantages + token values.
     turn: the boundary estimator's gae_v computation over the critic's turn values; returns [B, T].
     """
     if cfg.ppo_critic_form == "turn":
@@ -309,7 +310,8 @@ def ppo_critic(batch: TurnBatch, cfg: AdvantageConfig) -> Advantages:
 
 
 def grpo(batch: TurnBatch, cfg: AdvantageConfig) -> Advantages:
-    """GRPO as verl-agent runs it: each turn sample's score relative to its task group (algorithm.md §3.4).
+    """GRPO as verl-agent runs it: each turn sample's score relative to its task group
+    (docs/DESIGN.md#the-baselines-as-run).
 
     (score - group mean) / (group std + grpo_eps), or score - mean without grpo_norm_by_std; scores and
     which samples enter the statistics per cfg.group_form; groups of one per cfg.singleton_group.
@@ -355,7 +357,7 @@ def gigpo(batch: TurnBatch, cfg: AdvantageConfig) -> Advantages:
 def empg(batch: TurnBatch, cfg: AdvantageConfig) -> Advantages:
     """EMPG on top of GRPO: entropy-modulated advantages (entropy_modulate), then a final batch centring.
 
-    Where the paper and algorithm.md §4(d) leave room, this is what runs:
+    Where the paper leaves room, this is what runs:
     - the base advantage is GRPO's per turn sample (verl-agent layout), not one per trajectory as in the
       paper; the two coincide when no turn has a format penalty;
     - the bonus uses the NEXT turn's clarity f(H_{t+1}), as the paper's "future clarity" states; a last

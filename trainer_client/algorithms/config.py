@@ -1,6 +1,7 @@
 """Frozen configs of the advantage estimators and the PPO losses, validated on construction.
 
-Defaults follow research/algorithm.md: §4(b) for our method, §3 for how verl-agent runs each baseline.
+Defaults: docs/DESIGN.md#the-method for our method, docs/DESIGN.md#the-baselines-as-run for how verl-agent runs
+each baseline.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class AdvantageConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """PPO actor and value losses; defaults are verl-agent's actor settings (algorithm.md §3.2)."""
+    """PPO actor and value losses; defaults are verl-agent's (docs/DESIGN.md#the-baselines-as-run)."""
 
     clip_ratio: float = 0.2
     # Dual clip (Ye et al. 2020): for A < 0 the loss is capped at -A * dual_clip. None disables it.

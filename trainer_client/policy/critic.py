@@ -1,6 +1,6 @@
 """The separate critic of the `ppo_critic` baseline: the policy's backbone, its own copy, and a scalar head.
 
-As verl-agent runs PPO (research/algorithm.md §3.3): a second full model loaded from the same
+As verl-agent runs PPO (docs/DESIGN.md#the-baselines-as-run): a second full model loaded from the same
 checkpoint, trained by its own optimizer (lr 1e-5 there). The head starts at zero, so V = 0 at first,
 as with the boundary readout.
 """

@@ -1,7 +1,7 @@
 """The policy: a causal LM whose two spare output rows are read as values at the turn boundaries.
 
 V(s_t) is the logit of id_V at the last prompt token, Q(s_t, a_t) the logit of id_Q at the last
-response token (research/algorithm.md §4(a)). The two rows live in a separate fp32 parameter with its
+response token (docs/DESIGN.md#the-method). The two rows live in a separate fp32 parameter with its
 own learning rate and are written back into the output layer on save, so a checkpoint stays plain HF.
 """
 

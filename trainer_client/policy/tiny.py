@@ -1,6 +1,6 @@
 """Build a tiny random-init Qwen2ForCausalLM checkpoint with a tokenizer trained on the given texts.
 
-The CPU default for the demo and tests (research/compute.md §2): hidden 128, 2 layers, ~0.6-0.75M
+The CPU default for the demo and tests (docs/DESIGN.md#cpu-compute): hidden 128, 2 layers, ~0.6-0.75M
 parameters depending on the tokenizer's size. It loads through the same `Policy.load` as Qwen2.5.
 """
 

@@ -2,7 +2,7 @@
 
 Output is upstream's, byte for byte: the same PddlEnv, demangler and expert code run; only pure work is
 cached (speed.py). Two things differ on purpose. Engines are pooled per process, because every new
-PddlEnv maps a private 34 MB copy of libdownward that is never unloaded (research/alfworld.md §7). And
+PddlEnv maps a private 34 MB copy of libdownward that is never unloaded (docs/DESIGN.md#alfworld-libdownward-per-pddlenv). And
 the expert runs in every mode with a random stream of its own per episode, so sessions interleaved in one
 process stay deterministic.
 """

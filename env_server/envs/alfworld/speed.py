@@ -2,7 +2,7 @@
 
 Upstream re-does pure work on every reset and step: it translates the game's PDDL to SAS four times per
 reset (twice in `load`, twice in `reset`), re-parses the shared grammar for every game, re-parses every
-grammar rule with tatsu on every step (research/alfworld.md §5), and deep-copies the derivation context
+grammar rule with tatsu on every step (docs/DESIGN.md#alfworld-step-cost), and deep-copies the derivation context
 for every symbol it derives. Each patch below drops a repetition of pure work; `install()` applies them
 once per process. They reach into textworld internals, hence the version pins. Memory is bounded too:
 every cache here has a size, and `forget_interned_facts` bounds textworld's own intern table.

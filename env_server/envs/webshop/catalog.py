@@ -1,5 +1,5 @@
 """The WebShop product catalog: load the scraped product files and normalize each product as the
-original engine does (research/webshop.md §2.5), or generate a small synthetic catalog in the same
+original engine does (docs/DESIGN.md#webshop-catalog), or generate a small synthetic catalog in the same
 raw format when no data is installed, so that every later step runs the same code either way.
 """
 

@@ -18,7 +18,7 @@ DATASET = Dataset(
     env_var="WEBSHOP_DATA",  # catalog.DATA_ENV (not imported: declaring the data must stay cheap)
     # setup.sh -d small fetches the two catalog files from Google Drive, where a file can change under
     # the same id. The same files are vendored unchanged in AgentGym; a commit-pinned copy has a fixed
-    # sha256, so that is where we fetch them. Hashes: shared/data/webshop/SOURCE.md.
+    # sha256, so that is where we fetch them. Provenance: docs/DATA.md#webshop.
     assets=(
         Asset(
             "items_shuffle_1000.json",

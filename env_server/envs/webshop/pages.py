@@ -1,4 +1,4 @@
-"""WebShop pages and their rules, as the original text environment has them (research/webshop.md §6):
+"""WebShop pages and their rules, as the original text environment has them (docs/DESIGN.md#webshop-pages):
 what each page shows, as the visible text nodes of its HTML in document order; the `text` and
 `text_rich` observations made from those nodes; the clickables; and one session's click/search
 state machine. The Flask site renders the same page models as HTML (site.py).

@@ -1,4 +1,4 @@
-"""The WebShop purchase reward, term for term as the original computes it (research/webshop.md §4),
+"""The WebShop purchase reward, term for term as the original computes it (docs/DESIGN.md#webshop-reward),
 quirks included: thefuzz-style fuzzy matching, the colour normalisation scan, the r_type overrides.
 
 The title score needs a part-of-speech tagger: spaCy's en_core_web_sm when installed (the original's

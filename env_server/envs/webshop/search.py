@@ -1,6 +1,6 @@
 """Product search: BM25 over the fields the original indexed, standing in for pyserini/Lucene.
 
-Lucene-like on purpose (research/webshop.md §5, §9): k1=0.9, b=0.4, Lucene idf, an English analyzer
+Lucene-like on purpose (docs/DESIGN.md#webshop-search): k1=0.9, b=0.4, Lucene idf, an English analyzer
 (possessive strip, lowercase, Lucene's 33 stopwords, Porter stemming), repeated query terms weighted
 by their count, ties broken by catalog order. The index is saved once and memory-mapped by every
 worker. Not reproduced: Lucene's lossy one-byte document-length norms (rare rank swaps).
