@@ -37,7 +37,8 @@ from benchlib import commit, pick_games  # noqa: E402
 from trainer_client import config  # noqa: E402
 from trainer_client.checkpoints import checkpoint_dir, latest_checkpoint  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
-from trainer_client.evaluate import ALFWORLD_CATEGORIES, evaluate  # noqa: E402
+from trainer_client.eval_report import ALFWORLD_CATEGORIES  # noqa: E402
+from trainer_client.evaluate import evaluate  # noqa: E402
 from trainer_client.experts import ExpertEpisode, expert_episodes, expert_samples, read_jsonl  # noqa: E402
 from trainer_client.local_server import local_env_server  # noqa: E402
 from trainer_client.paired import compare, outcome_values  # noqa: E402

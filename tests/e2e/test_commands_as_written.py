@@ -1,20 +1,15 @@
 """Every command that starts a limen process, as the repository writes it, through the real parser.
 
-The commands are read from where users and machines read them: compose.yaml (every service, behind its image's
-ENTRYPOINT, and the usage lines in its header), both Dockerfiles (ENTRYPOINT + CMD, HEALTHCHECK, usage lines),
-deploy/k8s (every container's command and args), scripts/env-entrypoint.sh, and the shell blocks of README.md and
-docs/*.md. Each one goes through its program's own parser; limen-train, limen-eval, the SFT command, the demo and
-the config benchmarks with `--dry-run`, which resolves the config and checks what it names exists without starting
-anything. `make` targets must exist (`make -n`), and what they would run is checked the same way; `docker compose`,
-`docker build`, `docker run` and `kubectl apply -k` lines must name profiles, services, files and folders that exist.
+The commands are read (written_commands.py) from where users and machines read them: compose.yaml, both
+Dockerfiles, deploy/k8s, scripts/env-entrypoint.sh, and README.md and docs/*.md. Each one goes through its
+program's own parser; limen-train, limen-eval, the SFT command, the demo and the config benchmarks with
+`--dry-run`, which resolves the config and checks what it names exists without starting anything. `make` targets
+must exist (`make -n`), and what they would run is checked the same way; `docker compose`, `docker build`,
+`docker run` and `kubectl apply -k` lines must name profiles, services, files and folders that exist.
 
 Documented commands run in a scratch folder laid out as a user's checkout after the steps before them: configs/,
 the official ALFWorld split folders (as `limen-data fetch alfworld --allow-unverified` leaves them), and a
-checkpoint wherever a command names one under runs/.
-
-Then the compose trainer runs for real on the CPU (test_compose_trainer_writes_a_checkpoint...): compose's
-`env-server` command through the image's entrypoint script, compose's own healthcheck until it passes, and the
-`trainer` service's command with only the preset (LIMEN_TRAIN_CONFIG) and the iteration budget changed.
+checkpoint wherever a command names one under runs/. compose's trainer runs for real in test_compose_trainer.py.
 """
 
 from __future__ import annotations
@@ -28,253 +23,28 @@ import os
 import re
 import shlex
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+from written_commands import (
+    LIMEN_WORDS,
+    REPO,
+    Command,
+    all_commands,
+    compose_services,
+    line_commands,
+    normalize,
+    shell_blocks,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-ENTRYPOINT_SCRIPT = REPO / "scripts" / "env-entrypoint.sh"
-TOOLS = REPO / ".cache" / "tools"
 OFFICIAL_SPLITS = ("train", "valid_seen", "valid_unseen", "valid_train")
-# The images, by the name compose, Kubernetes and `docker run` lines use, and what their ENTRYPOINT runs.
-IMAGE_DOCKERFILES = {"limen-env": REPO / "Dockerfile.env", "limen-train": REPO / "Dockerfile.train",
-                     "limen-example-keyrooms": REPO / "examples" / "keyrooms" / "Dockerfile"}
-# Words that mark a line as starting a limen process: a line with one that no handler below takes fails the test
-# instead of being skipped, so a new kind of command cannot go untested unnoticed.
-LIMEN_WORDS = re.compile(r"\blimen-(train|eval|env-server|data|entrypoint)\b|\btrainer_client\b|\benv_server\b|"
-                         r"benchmarks/\w+\.py|\bmake\s+\w|\b(docker|podman)\s+(compose|run|build)\b|\bpodman-compose\b|"
-                         r"\bkubectl\b")
-
-# The example env servers in other languages (examples/, docs/ENVIRONMENTS.md): their node and npm lines too.
-LIMEN_WORDS = re.compile(LIMEN_WORDS.pattern + r"|\b(node|npm)\s.*\bexamples/")
-
-
-@dataclass(frozen=True)
-class Command:
-    source: str   # file (and service or container) it was read from
-    argv: tuple[str, ...]
-
-    def __str__(self) -> str:
-        return f"{self.source}: {shlex.join(self.argv)}"
-
-
-# ---- reading the commands -------------------------------------------------------------------------------------
-
-
-def interpolate(text: str, env: dict[str, str]) -> str:
-    """compose's ${VAR:-default} and ${VAR}, from `env` (empty counts as unset for :-)."""
-    def one(match: re.Match) -> str:
-        name, default = match["name"], match["default"]
-        return env.get(name) or (default or "")
-    return re.sub(r"\$\{(?P<name>\w+)(?::-(?P<default>[^}]*))?\}", one, text)
-
-
-def compose_services(env: dict[str, str] | None = None) -> dict:
-    return yaml.safe_load(interpolate((REPO / "compose.yaml").read_text(), env or {}))["services"]
-
-
-def image_of(name: str) -> str:
-    return name.split("/")[-1].split(":")[0]
-
-
-def dockerfile_exec(path: Path, instruction: str) -> list[str]:
-    """The exec-form (JSON) argument list of the last ENTRYPOINT or CMD in a Dockerfile."""
-    found = re.findall(rf"^{instruction} (\[.*\])$", path.read_text(), re.M)
-    assert found, f"{path.name} has no exec-form {instruction}"
-    return json.loads(found[-1])
-
-
-def comment_usage_lines(path: Path) -> list[str]:
-    """`#   docker ...` / `#   limen-...` usage lines in a file's comments."""
-    lines = re.findall(r"^#\s+((?:\w+=\S+\s+)*(?:docker|podman|limen-|python|kubectl|make)\b.*)$", path.read_text(), re.M)
-    return [re.split(r"\s{2,}", line.strip())[0] for line in lines]  # what follows a wide gap is its description
-
-
-def compose_commands() -> list[Command]:
-    commands = []
-    for name, service in compose_services().items():
-        entrypoint = dockerfile_exec(IMAGE_DOCKERFILES[image_of(service["image"])], "ENTRYPOINT")
-        commands.append(Command(f"compose.yaml: {name}", (*entrypoint, *service["command"])))
-        if "healthcheck" in service:
-            test = service["healthcheck"]["test"]
-            assert test[0] == "CMD", test
-            commands.append(Command(f"compose.yaml: {name} healthcheck", tuple(test[1:])))
-    for path in (REPO / "compose.yaml", REPO / "deploy" / "podman" / "compose.podman.yaml"):
-        commands += [Command(f"{path.relative_to(REPO)}: usage", tuple(shlex.split(line, comments=True)))
-                     for line in comment_usage_lines(path)]
-    return commands
-
-
-def dockerfile_commands() -> list[Command]:
-    commands = []
-    for path in IMAGE_DOCKERFILES.values():
-        commands.append(Command(f"{path.name}: ENTRYPOINT + CMD",
-                                (*dockerfile_exec(path, "ENTRYPOINT"), *dockerfile_exec(path, "CMD"))))
-        for check in re.findall(r"^\s*CMD (\[.*\])$", path.read_text(), re.M)[:-1]:  # HEALTHCHECK ... CMD [...]
-            commands.append(Command(f"{path.name}: HEALTHCHECK", tuple(json.loads(check))))
-        commands += [Command(f"{path.name}: usage", tuple(shlex.split(line, comments=True)))
-                     for line in comment_usage_lines(path)]
-    return commands
-
-
-def k8s_settings() -> dict[str, str]:
-    """The env-server settings ConfigMap's literals (base values; the overlays change values, not names)."""
-    [generator] = yaml.safe_load((REPO / "deploy" / "k8s" / "base" / "kustomization.yaml").read_text())["configMapGenerator"]
-    return dict(item.split("=", 1) for item in generator["literals"])
-
-
-def k8s_commands() -> list[Command]:
-    commands, settings = [], k8s_settings()
-    for path in sorted((REPO / "deploy" / "k8s").rglob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            pod = (((doc or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
-            for container in [*pod.get("initContainers", []), *pod.get("containers", [])]:
-                if "image" not in container:  # an overlay's patch of a base container: sizes, not commands
-                    assert not {"command", "args"} & set(container), f"{path}: a patch changes a command"
-                    continue
-                image = image_of(container["image"])
-                argv = container.get("command") or dockerfile_exec(IMAGE_DOCKERFILES[image], "ENTRYPOINT")
-                argv = [*argv, *container.get("args", [])]
-                for name, value in settings.items():  # Kubernetes expands $(NAME) from the container's env
-                    argv = [arg.replace(f"$({name})", value) for arg in argv]
-                commands.append(Command(f"{path.relative_to(REPO)}: {container['name']}", tuple(argv)))
-    return commands
-
-
-def entrypoint_script_commands() -> list[Command]:
-    """The limen programs the image's entrypoint script runs, with its variables as the images set them."""
-    text = ENTRYPOINT_SCRIPT.read_text()
-    default_cmd = dockerfile_exec(IMAGE_DOCKERFILES["limen-env"], "CMD")
-    commands = []
-    for line in text.splitlines():
-        words = shlex.split(line, comments=True)
-        if words[:1] == ["exec"]:
-            words = words[1:]
-        if not words or not words[0].startswith("limen-"):
-            continue
-        if "$dataset" in words:  # one per dataset LIMEN_FETCH_DATA may name
-            for dataset in ("alfworld", "webshop"):
-                commands.append(Command("scripts/env-entrypoint.sh", tuple(dataset if w == "$dataset" else w for w in words)))
-        else:
-            argv = [a for w in words for a in (default_cmd if w == "$@" else [w])]
-            commands.append(Command("scripts/env-entrypoint.sh", tuple(argv)))
-    return commands
-
-
-def shell_blocks(path: Path) -> list[str]:
-    """Each command line of the ```bash / ```sh / ```shell blocks, continuation lines joined."""
-    lines, inside = [], False
-    for line in path.read_text().splitlines():
-        fence = re.match(r"^\s*```(\w*)", line)
-        if fence:
-            inside = not inside and fence[1] in ("bash", "sh", "shell", "console")
-            continue
-        if inside:
-            if lines and lines[-1].endswith("\\"):
-                lines[-1] = lines[-1][:-1] + " " + line.strip()
-            else:
-                lines.append(line.strip())
-    return [line for line in lines if line and not line.startswith("#")]
-
-
-def line_commands(line: str) -> list[tuple[str, ...]]:
-    """The limen commands of one shell line (`a && b`, `a; b`: each part its own), variables expanded."""
-    words = [os.path.expandvars(w) for w in shlex.split(line.lstrip("$ "), comments=True)]
-    commands, part = [], []
-    for word in [*words, "&&"]:
-        if word in ("&&", ";", "||"):
-            if part and LIMEN_WORDS.search(shlex.join(part)):  # pip, vllm's own server, ...: not limen's
-                commands.append(tuple(part))
-            part = []
-        else:
-            part.append(word)
-    return commands
-
-
-def doc_commands() -> list[Command]:
-    return [Command(str(path.relative_to(REPO)), argv)
-            for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-            for line in shell_blocks(path) for argv in line_commands(line)]
-
-
-# Generated from the commands its generator ran (benchmarks/report.py, `make bench`): each is run there, for real.
-GENERATED_DOCS = {"docs/BENCHMARKS.md"}
-LAUNCHER = re.compile(r"^(\w+=\S+\s+)*(limen-[a-z-]+|(\S*/)?python3?|torchrun|make|docker|kubectl)\s")
-# A usage synopsis, not a command: placeholders (<name>, a|b, DIR ...) or optional parts ( [--flag]).
-SYNOPSIS = re.compile(r"[<>|]| \[|\.\.\.")
-# Inline mentions that name a tool in prose rather than give a command line to run.
-NAMES_NOT_COMMANDS = {"limen-data fetch", "kubectl kustomize"}
-
-
-def inline_commands() -> list[Command]:
-    """Whole commands written inline in the prose (`make soak`, `python benchmarks/x.py --flag ...`)."""
-    commands = []
-    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
-        source = str(path.relative_to(REPO))
-        if source in GENERATED_DOCS:
-            continue
-        prose = re.sub(r"^\s*```.*?^\s*```", "", path.read_text(), flags=re.M | re.S)
-        for span in re.findall(r"`([^`\n]+)`", prose):
-            if (LAUNCHER.match(span) and LIMEN_WORDS.search(span) and not SYNOPSIS.search(span)
-                    and span not in NAMES_NOT_COMMANDS):
-                argv = tuple(os.path.expandvars(w) for w in shlex.split(span))
-                if normalize(argv)[:2] != ["python", "-m"] or len(normalize(argv)) > 3:  # not a bare module name
-                    commands.append(Command(f"{source} (inline)", argv))
-    return list(dict.fromkeys(commands))  # a command the prose repeats is checked once
-
-
-def all_commands() -> list[Command]:
-    return [*compose_commands(), *dockerfile_commands(), *k8s_commands(), *entrypoint_script_commands(),
-            *doc_commands(), *inline_commands()]
 
 
 # ---- running them through their parsers ---------------------------------------------------------------------
-
-
-def normalize(argv: tuple[str, ...]) -> list[str]:
-    """What a shell and the images would run: without leading VAR=value assignments, `python` for any spelling
-    of the interpreter, torchrun's module as `python -m`, and a `docker run IMAGE` as the image's entrypoint."""
-    argv = list(argv)
-    while argv and re.match(r"^\w+=", argv[0]):
-        argv.pop(0)
-    if argv and re.fullmatch(r"(.*/)?python3?(\.\d+)?|\$\(PY\)", argv[0]):
-        argv[0] = "python"
-    if argv[:1] == ["torchrun"]:
-        module = argv.index("-m")
-        argv = ["python", *argv[module:]]
-    if argv[:1] == ["podman"] and argv[1:2] in (["run"], ["build"], ["compose"]):  # podman takes docker's syntax
-        argv[0] = "docker"
-    if argv[:1] == ["podman-compose"]:
-        argv = ["docker", "compose", *argv[1:]]
-    if argv[:2] == ["docker", "run"]:
-        rest = argv[2:]
-        while rest and rest[0].startswith("-"):  # docker's own options (all take a value but --rm, -i, -t, -d)
-            flag = rest.pop(0)
-            if flag not in ("--rm", "-i", "-t", "-it", "-d") and "=" not in flag:
-                rest.pop(0)
-        image, *args = rest
-        argv = [*dockerfile_exec(IMAGE_DOCKERFILES[image_of(image)], "ENTRYPOINT"), *args]
-    if argv[:1] == ["limen-entrypoint"]:
-        if argv[1:2] == ["fetch-data"]:
-            return argv
-        argv = ["limen-env-server", *entrypoint_server_flags(), *argv[1:]]
-    return argv
-
-
-def entrypoint_server_flags() -> list[str]:
-    """The flags the entrypoint script puts before the container's arguments (its `exec` line)."""
-    [line] = [l for l in ENTRYPOINT_SCRIPT.read_text().splitlines() if l.startswith("exec limen-env-server")]
-    words = shlex.split(line)
-    assert words[-1] == "$@", line
-    return words[2:-1]
 
 
 def exit_code(function, argv: list[str]) -> int:
@@ -307,9 +77,9 @@ def run_through_parser(command: Command, cwd: Path) -> str:
         from trainer_client.train import main
         dry_run(main, args)
     elif program == "limen-eval":
-        from trainer_client import evaluate
+        from trainer_client import eval_report, evaluate
         if args[:1] == ["combine"]:
-            check_parses(evaluate.combine_parser(), args[1:])
+            check_parses(eval_report.combine_parser(), args[1:])
         else:
             dry_run(evaluate.main, args)
     elif program == "python -m trainer_client.sft":
@@ -566,101 +336,3 @@ def test_dry_run_of_the_cpu_preset_names_what_it_will_build(in_checkout):
     output = exit_code.last_output
     assert "path: tiny-model:tiny" in output and "built on first use" in output
     assert "env.train_split 'gen_train': served by the local server" in output
-
-
-# ---- compose's trainer, for real, on the CPU ------------------------------------------------------------------
-
-
-# One iteration of 8 episodes (the preset plays 32): the whole path, from tiny-model build to checkpoint, in about
-# a minute of CPU instead of four.
-BUDGET = ("iterations=1", "episodes_per_iteration=8")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def with_flag(argv: list[str], flag: str, value: str) -> list[str]:
-    """`argv` with the value of `--flag VALUE` replaced (the ports a shared machine has free)."""
-    index = argv.index(flag)
-    return [*argv[:index + 1], value, *argv[index + 2:]]
-
-
-def test_compose_profiles_are_valid_and_name_presets_that_exist():
-    docker = shutil.which("docker")
-    plugin = TOOLS / "docker" / "cli-plugins" / "docker-compose"
-    if docker is None or not plugin.exists():
-        pytest.skip("the docker client or the pinned compose plugin is missing: run `make deploy-tools`")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIMEN_")} | {"DOCKER_CONFIG": str(TOOLS / "docker")}
-    resolved = {}
-    for profile in ("pool", "train", "fetch"):
-        result = subprocess.run([docker, "compose", "-f", str(REPO / "compose.yaml"), "--profile", profile, "config",
-                                 "--format", "json"], capture_output=True, text=True, timeout=120, env=env)
-        assert result.returncode == 0, result.stderr
-        resolved[profile] = json.loads(result.stdout)["services"]
-    assert {"env-alfworld", "env-webshop"} <= set(resolved["pool"]) and "fetch-data" in resolved["fetch"]
-    trainer = resolved["train"]["trainer"]
-    preset = trainer["command"][trainer["command"].index("--config") + 1]
-    assert (REPO / preset).is_file() and trainer["command"] == compose_services()["trainer"]["command"]
-
-
-def test_compose_trainer_writes_a_checkpoint_against_compose_env_server(tmp_path):
-    """compose's `env-server` (through the entrypoint script, an empty data volume) and `trainer` services as
-    processes: the trainer's command with LIMEN_TRAIN_CONFIG set to the CPU preset and a budget of one 8-episode
-    iteration, nothing else changed but the ports (this machine's free ones) and the pool hosts (Docker's DNS
-    names -> 127.0.0.1). The tiny model is built from nothing (an empty LIMEN_CACHE for the trainer)."""
-    venv_bin = str(Path(sys.executable).parent)
-    port, metrics_port = free_port(), free_port()
-    services = compose_services({"LIMEN_TRAIN_CONFIG": "configs/alfworld_cpu-tiny.yaml"})
-    server = services["env-server"]
-    server_argv = with_flag(with_flag(list(server["command"]), "--port", str(port)), "--metrics-port", str(metrics_port))
-    for name in ("alfworld", "webshop"):  # the `data` volume, empty on first start
-        (tmp_path / "data" / name).mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LIMEN_")}
-    env |= {"PATH": f"{venv_bin}:{env['PATH']}", "ALFWORLD_DATA": str(tmp_path / "data" / "alfworld"),
-            "WEBSHOP_DATA": str(tmp_path / "data" / "webshop")}
-    log = (tmp_path / "server.log").open("w")
-    process = subprocess.Popen([str(ENTRYPOINT_SCRIPT), *server_argv], env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        # compose's own healthcheck command decides when the server is up (at most its start_period and retries).
-        check = [*server["healthcheck"]["test"][1:]]
-        check = with_flag(check, "--address", f"127.0.0.1:{port}")
-        deadline = time.monotonic() + 600
-        while subprocess.run(normalize_python(check, venv_bin), env=env, capture_output=True, timeout=60).returncode:
-            assert process.poll() is None, (tmp_path / "server.log").read_text()
-            assert time.monotonic() < deadline, "the env server did not become healthy"
-            time.sleep(2)
-
-        trainer = services["trainer"]
-        assert image_of(trainer["image"]) == "limen-train"
-        argv = [a.replace("env-alfworld:50051", f"127.0.0.1:{port}").replace("env-webshop:50051", f"127.0.0.1:{port}")
-                for a in trainer["command"]]
-        app = tmp_path / "app"  # the image's WORKDIR: configs/ beside the runs/ volume
-        app.mkdir()
-        (app / "configs").symlink_to(REPO / "configs")
-        entrypoint = dockerfile_exec(IMAGE_DOCKERFILES["limen-train"], "ENTRYPOINT")
-        result = subprocess.run([str(Path(venv_bin) / entrypoint[0]), *entrypoint[1:], *argv, *BUDGET],
-                                cwd=app, env=env | {"LIMEN_CACHE": str(tmp_path / "cache")}, capture_output=True,
-                                text=True, timeout=900)
-        assert result.returncode == 0, result.stderr[-4000:]
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
-    run_dir = app / "runs" / "alfworld_cpu-tiny"
-    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    assert latest == "iter_000000"
-    assert (run_dir / "checkpoints" / latest / "policy" / "config.json").is_file()
-    [row] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert row["rollout/episodes"] + row["rollout/dropped"] == 8
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["path"].startswith(str(tmp_path / "cache"))
-
-
-def normalize_python(argv: list[str], venv_bin: str) -> list[str]:
-    """The image's `python` is its venv's: here, this test's interpreter's."""
-    return [str(Path(venv_bin) / "python") if argv[0] == "python" else argv[0], *argv[1:]]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from training_fixtures import bench, toy_model, toy_server  # noqa: F401  (pytest fixtures)
 
-from trainer_client.evaluate import ALFWORLD_CATEGORIES, main
+from trainer_client.eval_report import ALFWORLD_CATEGORIES
+from trainer_client.evaluate import main
 from trainer_client.train_config import TrainConfig
 
 

@@ -13,7 +13,7 @@ from trainer_client.sft import main as sft_main
 from trainer_client.tiny_model import resolve_tiny_model
 
 
-# The default suite builds a tiny model from nothing already (test_commands_as_written's compose trainer); this
+# The default suite builds a tiny model from nothing already (test_compose_trainer.py); this
 # adds the cache hit and the SFT path, at three env-server starts.
 @pytest.mark.slow
 def test_the_spec_builds_once_and_sft_starts_from_the_cached_model(tmp_path, monkeypatch, capsys):

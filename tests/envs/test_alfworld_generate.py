@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from alfworld_fixtures import SLOW_TIMEOUT_S, GENERATED, generated_cache_dir, generated_env
-from env_server.envs.alfworld import generate, games
-from env_server.envs.alfworld.generate import SIZES, TASK_TYPES, load_scene, pddl_problem, sample_game
+from env_server.envs.alfworld import games, generate, rooms
+from env_server.envs.alfworld.rooms import SIZES, TASK_TYPES, load_scene, pddl_problem, sample_game
 
 DECLARATION = re.compile(r"^\s*(\S+) - (\w+)$", re.M)
 
@@ -31,22 +31,22 @@ def test_rooms_respect_the_size_knob_the_scene_and_the_task(size):
     limits = SIZES[size]
     for game in sampled_games(size):
         scene = load_scene(game.floorplan)
-        assert {r.cls for r in game.receptacles} <= generate.scene_receptacle_classes(scene)
+        assert {r.cls for r in game.receptacles} <= rooms.scene_receptacle_classes(scene)
         assert {o.cls for o, _ in game.objects} <= scene.classes
         assert limits.receptacles[0] <= len(game.receptacles) <= limits.receptacles[1]
         targets = [o for o, _ in game.objects if o.cls == game.target]
         assert len(game.objects) - len(targets) - bool(game.toggle) <= limits.distractors[1]
         assert len(targets) >= (2 if game.task_type == "pick_two_obj_and_place" else 1)
         if game.parent:
-            assert game.target in generate.FITS_IN[game.parent]
+            assert game.target in rooms.FITS_IN[game.parent]
             assert game.parent in {r.cls for r in game.receptacles}
             # no target starts where it must end up
             where = {r.pddl_id: r.cls for r in game.receptacles}
             assert all(where[r] != game.parent for o, r in game.objects if o.cls == game.target)
-        if game.task_type in generate.APPLIANCE:
-            assert generate.APPLIANCE[game.task_type] in {r.cls for r in game.receptacles}
+        if game.task_type in rooms.APPLIANCE:
+            assert rooms.APPLIANCE[game.task_type] in {r.cls for r in game.receptacles}
         if game.task_type == "look_at_obj_in_light":
-            assert generate.LAMP in {o.cls for o, _ in game.objects}
+            assert rooms.LAMP in {o.cls for o, _ in game.objects}
         assert game.target.lower() in game.sentence and (game.parent or game.toggle).lower() in game.sentence
 
 
@@ -107,9 +107,9 @@ def test_generated_splits_are_made_once_and_found_again_by_their_parameters():
 
 def test_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="low <= high"):
-        generate.GameSize(receptacles=(5, 3), distractors=(0, 1), targets=(1, 1))
+        rooms.GameSize(receptacles=(5, 3), distractors=(0, 1), targets=(1, 1))
     with pytest.raises(ValueError, match="targets must start"):
-        generate.GameSize(receptacles=(3, 5), distractors=(0, 1), targets=(0, 1))
+        rooms.GameSize(receptacles=(3, 5), distractors=(0, 1), targets=(0, 1))
     with pytest.raises(ValueError, match="n must be"):
         generate.generate_split(Path("/nonexistent"), 0, 0)
 

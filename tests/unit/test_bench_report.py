@@ -1,6 +1,6 @@
-"""benchmarks/report.py renders docs/BENCHMARKS.md from sample JSON in the shapes the benchmarks write
-(built with the benchmarks' own summarizing functions where they have them), and the pure pieces of the
-new benchmarks: percentiles, spreads, the sessions bound."""
+"""benchmarks/report.py (with report_sections.py) renders docs/BENCHMARKS.md from sample JSON in the shapes the
+benchmarks write (built with the benchmarks' own summarizing functions where they have them), and the pure pieces
+of the new benchmarks: percentiles, spreads, the sessions bound."""
 
 from __future__ import annotations
 
@@ -32,6 +32,11 @@ def load(name: str):
 @pytest.fixture(scope="module")
 def report():
     return load("report")
+
+
+@pytest.fixture(scope="module")
+def sections():
+    return load("report_sections")
 
 
 def wire_run(wire, scale: float) -> list[dict]:
@@ -177,8 +182,8 @@ def test_load_note_tells_a_busy_machine_from_an_idle_one(report):
 
 @pytest.mark.parametrize("value, text", [(1571.2, "1571"), (22.18, "22.2"), (0.00291, "0.00291"), (0.0, "0"),
                                          (float("nan"), "–"), (None, "–"), (1.0, "1.00")])
-def test_number_never_uses_scientific_notation(report, value, text):
-    assert report.number(value) == text
+def test_number_never_uses_scientific_notation(sections, value, text):
+    assert sections.number(value) == text
 
 
 def test_percentile_and_spread():

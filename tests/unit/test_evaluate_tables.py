@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from trainer_client.checkpoints import find_run_config
-from trainer_client.evaluate import (
-    ALFWORLD_CATEGORIES, EvalJob, job_settings, mean_curve, mean_std, plot_curves, results_table, subset,
-    summarize_results,
+from trainer_client.eval_report import (
+    ALFWORLD_CATEGORIES, mean_curve, mean_std, plot_curves, results_table, summarize_results,
 )
+from trainer_client.evaluate import EvalJob, job_settings, subset
 from trainer_client.local_server import EnvTarget
 from trainer_client.prompting_baselines import PROMPTING_STYLES, prompt_config, worked_example
 from trainer_client.prompts import PromptConfig, build_prompt, parse_action
