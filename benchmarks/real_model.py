@@ -47,7 +47,8 @@ from trainer_client.policy.lora import LoraConfig  # noqa: E402
 from trainer_client.pretrained import PACKAGED_MODELS, fetch_model  # noqa: E402
 from trainer_client.prompting_baselines import PROMPTING_STYLES, prompt_config  # noqa: E402
 from trainer_client.rollout import RolloutConfig  # noqa: E402
-from trainer_client.sft import sft  # noqa: E402
+from trainer_client.sft import fit  # noqa: E402
+from trainer_client.sft_config import SFTConfig  # noqa: E402
 from trainer_client.train import train  # noqa: E402
 from trainer_client.train_config import TrainConfig  # noqa: E402
 
@@ -57,12 +58,10 @@ STAGES = ("fetch", "expert", "sft", "eval_sft", "rl", "eval_rl", "curve", "promp
 
 
 @dataclass(frozen=True)
-class SFTSettings:
-    epochs: float = 2.0
-    lr: float = 1.0e-4
-    lr_decay: bool = True
-    batch_turns: int = 16
-    micro_batch_tokens: int = 8192
+class SFTSettings(SFTConfig):
+    """The shared SFT settings (`episodes`: expert games of train_split, spread over the categories; 0: all of
+    them, the protocol; fewer only for a smoke run), and which part of the model SFT trains."""
+
     trainable_layers: int = 8
     """Top decoder layers SFT trains (their full weights, or LoRA adapters on them with lora.r > 0)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -77,8 +76,6 @@ class RealModelConfig:
     threads: int = 2
     server_args: tuple[str, ...] = ("--workers", "2")
     train_split: str = "valid_train"
-    train_games: int = 0
-    """Expert games played for SFT (0: the whole split; fewer only for a smoke run)."""
     eval_splits: tuple[str, ...] = ("valid_seen", "valid_unseen")
     eval_seeds: tuple[int, ...] = (0, 1)
     eval_games: int = 0
@@ -220,9 +217,10 @@ class Run:
         path = self.out / "expert.jsonl"
         started = time.perf_counter()
         task_ids = sorted(await self.pool.list_tasks("alfworld", self.cfg.train_split))
-        if self.cfg.train_games:
-            task_ids = pick_games(task_ids, self.cfg.train_games, self.cfg.seed)
-        episodes = await expert_episodes(self.pool, "alfworld", self.cfg.train_split, task_ids, self.cfg.seed)
+        if self.cfg.sft.episodes:
+            task_ids = pick_games(task_ids, self.cfg.sft.episodes, self.cfg.seed)
+        episodes = await expert_episodes(self.pool, "alfworld", self.cfg.train_split, task_ids, self.cfg.seed,
+                                         mistake_rate=self.cfg.sft.mistake_rate)
         path.write_text("".join(json.dumps(expert_record(e)) + "\n" for e in episodes))
         self.finish("expert", time.perf_counter() - started, games=len(task_ids), episodes=len(episodes),
                     won=sum(e.won for e in episodes), turns=sum(len(e.turns) for e in episodes))
@@ -238,9 +236,7 @@ class Run:
         self.note(f"SFT: {len(episodes)} expert episodes, {len(samples)} turns, prompt tokens mean "
                   f"{sum(prompt_tokens) / len(prompt_tokens):.0f} max {max(prompt_tokens)}")
         torch.manual_seed(self.cfg.seed)
-        losses = sft(policy, samples, epochs=settings.epochs, lr=settings.lr, lr_decay=settings.lr_decay,
-                     batch_turns=settings.batch_turns, micro_batch_tokens=settings.micro_batch_tokens,
-                     seed=self.cfg.seed, console=self.console)
+        losses = fit(policy, samples, settings, seed=self.cfg.seed, console=self.console)
         policy.save(self.out / "sft")
         (self.out / "sft_losses.json").write_text(json.dumps(losses))
         self.finish("sft", time.perf_counter() - started, turns=len(samples),

@@ -33,7 +33,7 @@ import random  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -50,13 +50,23 @@ from trainer_client.policy import Policy, TokenBatch, TransformersBackend, micro
 from trainer_client.pretrained import PACKAGED_MODELS, fetch_model  # noqa: E402
 from trainer_client.prompting_baselines import PROMPTING_STYLES, prompt_config  # noqa: E402
 from trainer_client.rollout import RolloutConfig  # noqa: E402
-from trainer_client.sft import sft  # noqa: E402
+from trainer_client.sft import fit  # noqa: E402
+from trainer_client.sft_config import SFTConfig, expert_tasks  # noqa: E402
 from trainer_client.train import train  # noqa: E402
 from trainer_client.train_config import TrainConfig  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_CONFIG = "configs/real_model_check.yaml"
 CUDA_CONFIG = "configs/real_model_check_cuda.yaml"
+
+
+@dataclass(frozen=True)
+class CheckSFT(SFTConfig):
+    """The check's short SFT: the shared settings, the split its expert plays, and the probe of its effect."""
+
+    split: str = "valid_train"
+    probe_turns: int = 8
+    """Expert turns (from the SFT data) whose reply loss is measured before and after SFT."""
 
 
 @dataclass(frozen=True)
@@ -83,13 +93,7 @@ class CheckConfig:
     """Turn limit of every eval episode (ALFWorld's own is 50; the CPU budget decides)."""
     max_new_tokens: int = 48
     """Reply length of the prompting baselines (their thoughts are free text)."""
-    sft_split: str = "valid_train"
-    sft_episodes: int = 4
-    sft_epochs: float = 1.0
-    sft_lr: float = 5.0e-5
-    sft_batch_turns: int = 8
-    sft_probe_turns: int = 8
-    """Expert turns (from the SFT data) whose reply loss is measured before and after SFT."""
+    sft: CheckSFT = field(default_factory=CheckSFT)
     eval_after_rl: bool = False
     seed: int = 0
 
@@ -195,20 +199,19 @@ async def run(cfg: CheckConfig, console: Console) -> dict:
 
             # 3. SFT from live expert play of other games, in the exact prompt format RL uses.
             t = time.perf_counter()
-            sft_ids = random.Random(cfg.seed).sample(sorted(await pool.list_tasks("alfworld", cfg.sft_split)),
-                                                      cfg.sft_episodes)
-            experts = await expert_episodes(pool, "alfworld", cfg.sft_split, sft_ids, cfg.seed)
+            sft_ids = expert_tasks(await pool.list_tasks("alfworld", cfg.sft.split), cfg.sft.episodes, cfg.seed)
+            experts = await expert_episodes(pool, "alfworld", cfg.sft.split, sft_ids, cfg.seed,
+                                            mistake_rate=cfg.sft.mistake_rate)
             samples = expert_samples(policy.tokenizer, experts, base_prompt)
-            probe = random.Random(cfg.seed).sample(samples, min(cfg.sft_probe_turns, len(samples)))
+            probe = random.Random(cfg.seed).sample(samples, min(cfg.sft.probe_turns, len(samples)))
             loss_before = reply_loss(policy, probe)
-            losses = sft(policy, samples, epochs=cfg.sft_epochs, lr=cfg.sft_lr, batch_turns=cfg.sft_batch_turns,
-                         seed=cfg.seed, console=console)
+            losses = fit(policy, samples, cfg.sft, seed=cfg.seed, console=console)
             loss_after = reply_loss(policy, probe)
             policy.save(out / "sft")
             backend.update_weights(policy)
             phase("sft_train", t)
             results["sft_training"] = {
-                "split": cfg.sft_split, "episodes": len(experts), "expert_won": sum(e.won for e in experts),
+                "split": cfg.sft.split, "episodes": len(experts), "expert_won": sum(e.won for e in experts),
                 "turns": len(samples), "steps": len(losses), "prompt_tokens_mean": sum(len(s.prompt_ids) for s in
                                                                                        samples) / len(samples),
                 "probe_turns": len(probe), "probe_loss_before": loss_before, "probe_loss_after": loss_after,

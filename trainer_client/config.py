@@ -1,7 +1,9 @@
 """Frozen-dataclass configs loaded from YAML presets, with `section.key=value` overrides.
 
 One generic loader serves every config tree: unknown keys are errors that list the valid ones, and values
-are coerced to the field's declared type, so a typo on the command line fails before any work starts.
+are coerced to the field's declared type, so a typo on the command line fails before any work starts. A preset
+may build on another (`base: FILE`, at the top or in any section), so that settings shared by presets are
+written once.
 """
 
 from __future__ import annotations
@@ -149,20 +151,59 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# ---- presets: YAML files that compose ---------------------------------------------------------------------
+#
+# Any mapping of a preset may name a `base:` file (relative to the file that names it). The mapping is then that
+# file's tree, itself resolved, with the mapping's other keys merged over it (mappings merge key by key, anything
+# else replaces). A shared block lives once: `rl: {base: base/demo_rl.yaml}` in the demo, `base: base/demo_rl.yaml`
+# at the top of a limen-train preset.
+
+BASE_KEY = "base"
+
+
+def read_preset(path: str | Path) -> dict[str, Any]:
+    """The preset at `path` as plain data, with every `base:` resolved."""
+    return _read_resolved(Path(path), ())
+
+
+def _read_resolved(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    if path.resolve() in chain:
+        loop = " -> ".join(str(p) for p in (*chain, path.resolve()))
+        raise ConfigError(f"{path}: its bases form a cycle ({loop})")
+    return _resolve_bases(_read_yaml(path), path, (*chain, path.resolve()))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return data
+
+
+def _resolve_bases(tree: dict[str, Any], path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    """`tree` (read from `path`) with each mapping's `base:` replaced by that file's tree, the mapping over it."""
+    own = {k: _resolve_bases(v, path, chain) if isinstance(v, dict) else v for k, v in tree.items() if k != BASE_KEY}
+    if BASE_KEY not in tree:
+        return own
+    base = tree[BASE_KEY]
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{path}: `{BASE_KEY}:` must name a YAML file, got {base!r}")
+    target = path.parent / base
+    if not target.is_file():
+        raise ConfigError(f"{path}: its base {base} ({target}) does not exist")
+    return merge(_read_resolved(target, chain), own)
+
+
 def load(cls: type[T], path: str | Path | None = None, overrides: list[str] | None = None,
          settings: dict[str, Any] | None = None) -> T:
-    """Defaults <- YAML preset at `path` <- `settings` (already-parsed values, e.g. from flags) <- overrides."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{path} is not valid YAML: {error}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
+    """Defaults <- YAML preset at `path` (its bases resolved) <- `settings` (already-parsed values, e.g. from
+    flags) <- overrides."""
+    data = read_preset(path) if path is not None else {}
     data = merge(data, settings or {})
     try:
         return from_dict(cls, merge(data, parse_overrides(overrides or [])))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import random
 import sys
 import time
 from contextlib import AbstractAsyncContextManager
@@ -30,7 +29,8 @@ from trainer_client.evaluate import EvalResult, evaluate
 from trainer_client.local_server import local_env_server
 from trainer_client.policy import Policy, TransformersBackend, build_tiny_checkpoint
 from trainer_client.experts import expert_episodes, expert_samples, expert_texts
-from trainer_client.sft import sft
+from trainer_client.sft import fit
+from trainer_client.sft_config import SFTConfig, expert_tasks
 from trainer_client.train import train
 from trainer_client.train_config import TrainConfig
 
@@ -44,17 +44,8 @@ class DemoConfig:
     server_args: tuple[str, ...] = ()
     """Extra flags for the env server, e.g. ["--env-option", "alfworld.size=small"]."""
     model_size: str = "tiny"
-    sft_episodes: int = 200
-    sft_epochs: float = 1.0
-    sft_lr: float = 2e-3
-    sft_batch_turns: int = 16
-    sft_lr_decay: bool = False
-    """Decay the SFT learning rate linearly towards 0 (after warm-up): a better fit for the same steps."""
-    sft_prompt_loss_weight: float = 0.0
-    """Also fit the prompt tokens at this weight (trainer_client.sft.sft): the tiny model learns the env's text."""
-    sft_mistake_rate: float = 0.0
-    """Share of expert steps replaced by a mistake the expert then recovers from (trainer_client.experts).
-    At 0.2 it cut the demo's rejected actions, but lowered both its SFT start and RL's gain (RESULTS_interpretation)."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """The warm start on expert play of train_split."""
     eval_episodes: int = 64
     seed: int = 0
     rl: TrainConfig = field(default_factory=TrainConfig)
@@ -140,10 +131,9 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
         async with EnvPool([address]) as pool:
             train_ids = sorted(await pool.list_tasks(cfg.env, cfg.train_split))
             eval_ids = sorted(await pool.list_tasks(cfg.env, cfg.eval_split))[:cfg.eval_episodes]
-            rng = random.Random(cfg.seed)
-            sft_ids = rng.sample(train_ids, min(cfg.sft_episodes, len(train_ids)))
+            sft_ids = expert_tasks(train_ids, cfg.sft.episodes, cfg.seed)
             experts = await expert_episodes(pool, cfg.env, cfg.train_split, sft_ids, cfg.seed,
-                                            mistake_rate=cfg.sft_mistake_rate)
+                                            mistake_rate=cfg.sft.mistake_rate)
             mistakes = sum(not t.by_expert for e in experts for t in e.turns)
             note(f"expert play: {len(experts)} episodes, {sum(len(e.turns) for e in experts)} turns"
                  f"{f' ({mistakes} of them mistakes)' if mistakes else ''}, {sum(e.won for e in experts)} won")
@@ -156,9 +146,7 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
             note(f"tiny model: {n_params / 1e6:.2f}M parameters, vocabulary {len(policy.tokenizer)}")
 
             samples = expert_samples(policy.tokenizer, experts, cfg.rl.prompt)
-            sft_losses = sft(policy, samples, epochs=cfg.sft_epochs, lr=cfg.sft_lr, batch_turns=cfg.sft_batch_turns,
-                             lr_decay=cfg.sft_lr_decay, prompt_loss_weight=cfg.sft_prompt_loss_weight, seed=cfg.seed,
-                             console=console)
+            sft_losses = fit(policy, samples, cfg.sft, seed=cfg.seed, console=console)
             policy.save(out / "sft")
             note(f"SFT: {len(samples)} turn samples, loss {sft_losses[0]:.2f} -> {sft_losses[-1]:.3f}")
 
@@ -175,7 +163,7 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
     (out / "results.json").write_text(json.dumps({"sft": before.as_dict(), "rl": after.as_dict(),
                                                   "paired_gain": dataclasses.asdict(gain),
                                                   "seconds": time.perf_counter() - started}, indent=2))
-    note(f"curve: {plot(out, sft_losses, metrics, before, after, cfg.sft_prompt_loss_weight, cfg.rl.eval_temperature)}")
+    note(f"curve: {plot(out, sft_losses, metrics, before, after, cfg.sft.prompt_loss_weight, cfg.rl.eval_temperature)}")
     return before, after
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import random
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from trainer_client.local_server import EnvTarget
 from trainer_client.policy import Policy, TokenBatch, TurnSample, pad_id
 from trainer_client.preflight import check_sft
 from trainer_client.prompts import PromptConfig
+from trainer_client.sft_config import SFTConfig, expert_tasks
 from trainer_client.tiny_model import resolve_tiny_model
 from trainer_client.turn_batch import with_trunk_features
 from trainer_client.update import optimizer_steps
@@ -109,10 +109,19 @@ def prompt_part_mask(prompt_parts: Sequence[int], response_mask: torch.Tensor) -
     return (offsets < torch.tensor(prompt_parts, device=response_mask.device)[:, None]) & response_mask
 
 
+def fit(policy: Policy, samples: Sequence[TurnSample], settings: SFTConfig, *, seed: int = 0,
+        console: Console | None = None) -> list[float]:
+    """`sft` with a config's settings: every caller fits with the same knobs, so a new one reaches them all."""
+    return sft(policy, samples, epochs=settings.epochs, lr=settings.lr, batch_turns=settings.batch_turns,
+               micro_batch_tokens=settings.micro_batch_tokens, lr_decay=settings.lr_decay,
+               prompt_loss_weight=settings.prompt_loss_weight, seed=seed, console=console)
+
+
 @dataclass(frozen=True)
-class SFTJob:
+class SFTJob(SFTConfig):
     """One `python -m trainer_client.sft` run: expert episodes (played through the pool, or a JSONL file) ->
-    a fine-tuned checkpoint."""
+    a fine-tuned checkpoint. Its SFT settings (episodes, epochs, lr, ...) are top-level keys, so that `--epochs`
+    and `--lr` are the same flags as ever."""
 
     checkpoint: str = ""
     """Policy checkpoint to start from."""
@@ -121,14 +130,6 @@ class SFTJob:
     data: str = ""
     """Expert JSONL; without it, experts play env.split through the servers (or a local one)."""
     env: EnvTarget = field(default_factory=lambda: EnvTarget(split="train"))
-    episodes: int = 0
-    """Tasks to play (0: all)."""
-    epochs: float = 1.0
-    lr: float = 1e-3
-    lr_decay: bool = False
-    """Decay the learning rate linearly after warm-up."""
-    prompt_loss_weight: float = 0.0
-    """Also fit the prompt tokens at this weight (helps random-init models)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -152,17 +153,15 @@ def main(argv: list[str] | None = None) -> int:
             return read_jsonl(job.data)
         env = job.env
         async with open_env_pool(env.servers, [env.name], env.server_args) as pool:
-            task_ids = sorted(await pool.list_tasks(env.name, env.split))
-            task_ids = random.Random(job.seed).sample(task_ids, min(len(task_ids), job.episodes or len(task_ids)))
-            return await expert_episodes(pool, env.name, env.split, task_ids, job.seed)
+            task_ids = expert_tasks(await pool.list_tasks(env.name, env.split), job.episodes, job.seed)
+            return await expert_episodes(pool, env.name, env.split, task_ids, job.seed, mistake_rate=job.mistake_rate)
 
     episodes = asyncio.run(load_episodes())
     # A tiny-model:SIZE start is built (or taken from the cache) from the same env, as limen-train does.
     policy = Policy.load(resolve_tiny_model(job.checkpoint, job.env.name, job.env.split, job.env.servers,
                                             job.env.server_args, PromptConfig(), job.seed))
     samples = expert_samples(policy.tokenizer, episodes, PromptConfig())
-    losses = sft(policy, samples, epochs=job.epochs, lr=job.lr, lr_decay=job.lr_decay,
-                 prompt_loss_weight=job.prompt_loss_weight, seed=job.seed)
+    losses = fit(policy, samples, job, seed=job.seed)
     policy.save(job.out)
     print(f"sft: {len(episodes)} episodes, {len(samples)} turns, final loss {losses[-1]:.4f} -> {job.out}")
     return 0

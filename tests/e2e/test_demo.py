@@ -28,7 +28,7 @@ def test_the_demo_config_loads():
 def small(tmp_path: Path) -> list[str]:
     server_args = ("[--workers, '1', --env-option, alfworld.generated=true, --env-option, alfworld.gen_train_games=12, "
                    f"--env-option, alfworld.gen_test_games=6, --env-option, alfworld.cache_dir={tmp_path / 'games'}]")
-    return [f"server_args={server_args}", "sft_episodes=12", "sft_epochs=1", "eval_episodes=6", "rl.iterations=1",
+    return [f"server_args={server_args}", "sft.episodes=12", "sft.epochs=1", "eval_episodes=6", "rl.iterations=1",
             "rl.episodes_per_iteration=4", "rl.save_every=1", "rl.rollout.max_turns=6", "model_size=micro"]
 
 

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +19,15 @@ from training_fixtures import load_benchmark
 
 from trainer_client import config
 from trainer_client.demo import DemoConfig
+from trainer_client.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))   # the study's parts, beside its command; they import their siblings
+import study_config
+import study_files
+import study_report
+import study_stats
+
 SMOKE = ROOT / "configs" / "study_smoke.yaml"
 CORE = ("boundary", "grpo", "ppo_critic_turn", "ppo_critic_verl")
 
@@ -233,20 +241,22 @@ def test_commit_publishes_each_finished_part_and_a_fresh_out_dir_resumes_from_it
     assert summary_after == summary_before
 
 
-def test_a_committed_study_with_other_settings_is_not_restored(study, tmp_path):
+def test_a_committed_study_with_other_settings_is_not_restored(tmp_path):
     committed = tmp_path / "measurements"
     committed.mkdir()
-    cfg = config.load(study.StudyConfig, SMOKE)
-    (committed / "study.yaml").write_text(yaml.safe_dump(config.to_dict(cfg) | {"sft_epochs": 99}))
+    cfg = config.load(study_config.StudyConfig, SMOKE)
+    other = config.to_dict(cfg)
+    other["sft"]["epochs"] = 99
+    (committed / "study.yaml").write_text(yaml.safe_dump(other))
     (committed / "seed_0").mkdir()
     (committed / "seed_0" / "sft.json").write_text("{}")
     out = tmp_path / "out"
     fresh = dataclasses.replace(cfg, out_dir=str(out), measurements_dir=str(committed))
-    assert study.restore_from_measurements(fresh) == []
+    assert study_files.restore_from_measurements(fresh) == []
     assert not out.exists()
     same = committed / "study.yaml"
     same.write_text(yaml.safe_dump(config.to_dict(cfg)))
-    assert study.restore_from_measurements(fresh) == [Path("study.yaml"), Path("seed_0/sft.json")]
+    assert study_files.restore_from_measurements(fresh) == [Path("study.yaml"), Path("seed_0/sft.json")]
     assert (out / "seed_0" / "sft.json").read_text() == "{}"
 
 
@@ -254,17 +264,17 @@ def test_a_committed_study_with_other_settings_is_not_restored(study, tmp_path):
 
 # Win patterns over 40 games (categories: games 0-19 "a", 20-39 "b"), the same for 3 seeds x 2 eval seeds.
 WINS = {
-    "SFT": range(0, 5),
-    "boundary": range(0, 30),           # a: 20/20, b: 10/20
+    "SFT": range(5),
+    "boundary": range(30),           # a: 20/20, b: 10/20
     "grpo": range(30, 40),              # a: 0/20,  b: 10/20 -> boundary ahead on a only
-    "ppo_critic_turn": range(0, 29),    # one game fewer than boundary: no difference resolved
-    "ppo_critic_verl": range(0, 15),
+    "ppo_critic_turn": range(29),    # one game fewer than boundary: no difference resolved
+    "ppo_critic_verl": range(15),
 }
 
 
-def made_up_results(study, wins=WINS, seconds=None):
+def made_up_results(wins=WINS, seconds=None):
     seconds = seconds or {"boundary": 3.0, "grpo": 3.0, "ppo_critic_turn": 6.0, "ppo_critic_verl": 6.0}
-    cfg = study.StudyConfig(env="toy", train_split="train", eval_splits=("test",), seeds=(0, 1, 2))
+    cfg = study_config.StudyConfig(env="toy", train_split="train", eval_splits=("test",), seeds=(0, 1, 2))
 
     def evaluation(won: range) -> dict:
         def run(eval_seed: int) -> dict:
@@ -286,33 +296,33 @@ def made_up_results(study, wins=WINS, seconds=None):
     runs = {arm: {seed: {"evaluations": {"test": evaluation(won)}, "time_per_iteration": timing(seconds[arm]),
                          "seconds": {"train": 120.0, "eval": 30.0}} for seed in range(3)}
             for arm, won in wins.items() if arm != "SFT"}
-    return study.StudyResults(cfg, sft, runs, {})
+    return study_stats.StudyResults(cfg, sft, runs, {})
 
 
-def test_paired_gain_pools_seeds_per_game_and_leaves_out_what_one_side_dropped(study):
-    results = made_up_results(study)
+def test_paired_gain_pools_seeds_per_game_and_leaves_out_what_one_side_dropped():
+    results = made_up_results()
     boundary, grpo = results.runs["boundary"], results.runs["grpo"]
-    gain = study.paired(boundary, grpo, "test")
+    gain = study_stats.paired(boundary, grpo, "test")
     assert gain["gain"] == pytest.approx(0.5) and gain["games"] == 40 and gain["episodes"] == 240
     assert 0 < gain["ci95"][0] < 0.5 < gain["ci95"][1]
-    assert study.paired(boundary, grpo, "test", category="b")["gain"] == 0.0
+    assert study_stats.paired(boundary, grpo, "test", category="b")["gain"] == 0.0
     # grpo's seed 2 dropped game g00 on eval seed 1: that episode leaves the pairing on both sides.
     runs = grpo[2]["evaluations"]["test"]["runs"]
     runs[1]["outcomes"] = [o for o in runs[1]["outcomes"] if o["task_id"] != "g00"]
-    assert study.paired(boundary, grpo, "test")["episodes"] == 239
+    assert study_stats.paired(boundary, grpo, "test")["episodes"] == 239
     # Only the seeds both sides finished are paired.
-    assert study.paired(boundary, {0: grpo[0]}, "test")["seeds"] == [0]
+    assert study_stats.paired(boundary, {0: grpo[0]}, "test")["seeds"] == [0]
 
 
-def test_summary_and_answers_are_computed_from_the_numbers(study):
-    results = made_up_results(study)
-    summary = study.study_summary(results, "python benchmarks/learning_study.py")
+def test_summary_and_answers_are_computed_from_the_numbers():
+    results = made_up_results()
+    summary = study_stats.study_summary(results, "python benchmarks/learning_study.py")
     assert summary["seeds"] == [0, 1, 2] and summary["iterations"] == results.cfg.rl.iterations
     boundary = summary["arms"]["boundary"]
     assert (boundary["held_out_mean"], boundary["held_out_std"], boundary["sft_mean"]) == (0.75, 0.0, 0.125)
     assert boundary["gain"] == pytest.approx(0.625) and boundary["gain_ci95"][0] > 0.4
     assert boundary["seconds_per_iteration"] == 3.0 and boundary["wall_seconds"] == {"train": 120.0, "eval": 30.0}
-    lines = study.answer_lines(summary)
+    lines = study_report.answer_lines(summary)
     text = "\n".join(lines)
     assert "Boundary against grpo: **boundary beats grpo**: +50.0 [" in text
     assert "Boundary against ppo_critic_turn: **no difference resolved** between boundary and ppo_critic_turn" in text
@@ -323,62 +333,61 @@ def test_summary_and_answers_are_computed_from_the_numbers(study):
     assert "boundary's iteration took 3.0 s; each baseline's, relative to it: grpo 1.00x, ppo_critic_turn 2.00x" in text
     where = next(line for line in lines if line.startswith("Where boundary is not resolved ahead"))
     assert "against grpo in b" in where and "against ppo_critic_turn in a, b" in where and "verl" not in where
-    markdown = study.render_results(results, summary, "python benchmarks/learning_study.py", interpretation="It learned.")
+    markdown = study_report.render_results(results, summary, "python benchmarks/learning_study.py", interpretation="It learned.")
     assert "| boundary | 3 | 75.0 ± 0.0 | 12.5 | +62.5 [" in markdown
     assert "## Interpretation (the lead's)\n\nIt learned." in markdown and "Preliminary" not in markdown
     assert "> **Incomplete**" not in markdown
 
 
-def test_time_ratios_are_taken_seed_by_seed_on_each_machines_reference_step(study):
-    results = made_up_results(study)           # boundary 3 s, ppo_critic_turn 6 s per iteration, no machine recorded
+def test_time_ratios_are_taken_seed_by_seed_on_each_machines_reference_step():
+    results = made_up_results()           # boundary 3 s, ppo_critic_turn 6 s per iteration, no machine recorded
     turn, boundary = results.runs["ppo_critic_turn"], results.runs["boundary"]
-    assert study.time_vs(turn, boundary) == {"ratio": 2.0, "by_seed": {0: 2.0, 1: 2.0, 2: 2.0}, "normalized_seeds": []}
+    assert study_stats.time_vs(turn, boundary) == {"ratio": 2.0, "by_seed": {0: 2.0, 1: 2.0, 2: 2.0}, "normalized_seeds": []}
     # Seed 1's critic ran on a machine twice as slow at the reference step: on one scale it cost as much as boundary.
     for seed, arm, reference in [(1, turn, 0.4), (1, boundary, 0.2), (2, turn, 0.2), (2, boundary, 0.2)]:
         arm[seed]["machine"] = {"reference_step_s": reference}
-    ratios = study.time_vs(turn, boundary)
+    ratios = study_stats.time_vs(turn, boundary)
     assert ratios["by_seed"] == {0: 2.0, 1: 1.0, 2: 2.0} and ratios["normalized_seeds"] == [1, 2]
-    summary = study.study_summary(results, "cmd")
+    summary = study_stats.study_summary(results, "cmd")
     assert summary["arms"]["ppo_critic_turn"]["time_vs_boundary"]["ratio"] == pytest.approx(5 / 3)
-    text = "\n".join(study.answer_lines(summary))
+    text = "\n".join(study_report.answer_lines(summary))
     assert "ppo_critic_turn 1.67x" in text and "seeds 0, 1, 2 recorded no machine reference" in text   # grpo recorded none
 
 
-def test_extended_arms_in_progress_keep_the_finished_core_seeds(study):
-    results = made_up_results(study)
+def test_extended_arms_in_progress_keep_the_finished_core_seeds():
+    results = made_up_results()
     extended = dataclasses.replace(results.cfg, extended=True)
     runs = results.runs | {"rloo": {0: results.runs["grpo"][0]}}            # one extended arm, one seed so far
-    summary = study.study_summary(study.StudyResults(extended, results.sft, runs, {}), "cmd")
+    summary = study_stats.study_summary(study_stats.StudyResults(extended, results.sft, runs, {}), "cmd")
     assert summary["seeds"] == [0, 1, 2] and summary["arms"]["rloo"]["seeds"] == [0]
-    assert study.finished_seeds(study.StudyResults(results.cfg, results.sft, {k: v for k, v in runs.items()
+    assert study_stats.finished_seeds(study_stats.StudyResults(results.cfg, results.sft, {k: v for k, v in runs.items()
                                                                                if k != "grpo"}, {})) == []
 
 
-def test_a_reversed_gap_is_said_the_other_way(study):
-    wins = WINS | {"grpo": range(0, 40)}     # grpo wins every game
-    summary = study.study_summary(made_up_results(study, wins), "cmd")
-    assert "**grpo beats boundary**: -25.0 [" in "\n".join(study.answer_lines(summary))
+def test_a_reversed_gap_is_said_the_other_way():
+    wins = WINS | {"grpo": range(40)}     # grpo wins every game
+    summary = study_stats.study_summary(made_up_results(wins), "cmd")
+    assert "**grpo beats boundary**: -25.0 [" in "\n".join(study_report.answer_lines(summary))
 
 
-def test_unequal_episodes_are_refused_before_any_work(study):
+def test_unequal_episodes_are_refused_before_any_work():
     with pytest.raises(ValueError, match="not a multiple of grpo's group size 8"):
-        study.StudyConfig(rl=study.TrainConfig(episodes_per_iteration=12))
+        study_config.StudyConfig(rl=TrainConfig(episodes_per_iteration=12))
     with pytest.raises(ValueError, match="unknown arms"):
-        study.StudyConfig(arm_overrides={"ppo": ["optim.lr=1"]})
+        study_config.StudyConfig(arm_overrides={"ppo": ["optim.lr=1"]})
     with pytest.raises(ValueError, match="eval_seeds"):
-        study.StudyConfig(eval_seeds=(0, 0))
+        study_config.StudyConfig(eval_seeds=(0, 0))
 
 
-def test_the_study_mirrors_the_demo(study):
-    """configs/study.yaml copies the demo's games, model, SFT and RL settings; only what the study must set
-    differently may differ (a changed demo setting fails here until the study's YAML copies it)."""
+def test_the_study_mirrors_the_demo():
+    """configs/study.yaml runs the demo's recipe (configs/base/demo_recipe.yaml: games, model, SFT and RL settings);
+    only what the study must set differently may differ."""
     demo = config.load(DemoConfig, ROOT / "configs" / "demo.yaml")
-    study_cfg = config.load(study.StudyConfig, ROOT / "configs" / "study.yaml")
-    for key in ("env", "train_split", "server_args", "model_size", "sft_episodes", "sft_epochs", "sft_lr",
-                "sft_batch_turns", "sft_lr_decay", "sft_prompt_loss_weight", "sft_mistake_rate"):
+    study_cfg = config.load(study_config.StudyConfig, ROOT / "configs" / "study.yaml")
+    for key in ("env", "train_split", "server_args", "model_size", "sft"):
         assert getattr(study_cfg, key) == getattr(demo, key), key
     assert study_cfg.eval_splits[0] == demo.eval_split and study_cfg.eval_episodes[demo.eval_split] >= 300
-    differ = study.changed_settings(config.to_dict(demo.rl), config.to_dict(study_cfg.rl))
+    differ = study_config.changed_settings(config.to_dict(demo.rl), config.to_dict(study_cfg.rl))
     # The study ran (and is committed) on the anchor's prompt layout; the demo moved to the compact one after it.
     assert set(differ) <= {"algo", "iterations", "save_every", "optim.critic_lr", "prompt.compact"}, differ
     assert not study_cfg.rl.prompt.compact
@@ -386,28 +395,41 @@ def test_the_study_mirrors_the_demo(study):
     assert yaml.safe_load((ROOT / "configs" / "study.yaml").read_text())["rl"].get("algo") is None
 
 
-def test_a_setting_added_after_a_save_reads_as_its_default(study, tmp_path):
-    cfg = config.load(study.StudyConfig, ROOT / "configs" / "study.yaml")
+def test_a_setting_added_after_a_save_reads_as_its_default(tmp_path):
+    cfg = config.load(study_config.StudyConfig, ROOT / "configs" / "study.yaml")
     saved_tree = config.to_dict(cfg)
-    del saved_tree["sft_mistake_rate"]                      # saved before the setting existed
+    del saved_tree["sft"]["mistake_rate"]                   # saved before the setting existed
     saved = tmp_path / "study.yaml"
     saved.write_text(yaml.safe_dump(saved_tree, sort_keys=False))
-    assert study.stale_settings(saved, cfg) == []
-    changed = dataclasses.replace(cfg, sft_mistake_rate=0.2)
-    assert study.stale_settings(saved, changed) == ["sft_mistake_rate"]
-    assert study.stale_settings(saved, dataclasses.replace(cfg, sft_epochs=cfg.sft_epochs + 1)) == ["sft_epochs"]
+    assert study_config.stale_settings(saved, cfg) == []
+    changed = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, mistake_rate=0.2))
+    assert study_config.stale_settings(saved, changed) == ["sft.mistake_rate"]
+    more_epochs = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, epochs=cfg.sft.epochs + 1))
+    assert study_config.stale_settings(saved, more_epochs) == ["sft.epochs"]
 
 
-def test_the_committed_study_resumes_under_todays_settings(study, tmp_path):
+def test_a_study_saved_with_flat_sft_keys_reads_in_todays_shape(tmp_path):
+    """Studies saved before the SFT settings became one section wrote `sft_lr`, ...: they are the same settings."""
+    cfg = config.load(study_config.StudyConfig, ROOT / "configs" / "study.yaml")
+    tree = config.to_dict(cfg)
+    tree |= {f"sft_{key}": value for key, value in tree.pop("sft").items()}
+    saved = tmp_path / "study.yaml"
+    saved.write_text(yaml.safe_dump(tree, sort_keys=False))
+    assert study_config.stale_settings(saved, cfg) == []
+    more_epochs = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, epochs=cfg.sft.epochs + 1))
+    assert study_config.stale_settings(saved, more_epochs) == ["sft.epochs"]
+
+
+def test_the_committed_study_resumes_under_todays_settings(tmp_path):
     """The finished arms ran with timed batches (batch_wait_s 0.02); today's lock-step batches only change how a run
     executes, so `extended=true` resumes the committed study instead of refusing it. A setting of what is learned
     still makes it stale."""
-    cfg = config.load(study.StudyConfig, ROOT / "configs" / "study.yaml")
+    cfg = config.load(study_config.StudyConfig, ROOT / "configs" / "study.yaml")
     tree = yaml.safe_load((ROOT / "docs" / "measurements" / "study" / "study.yaml").read_text())
     tree["rl"]["rollout"]["batch_wait_s"] = 0.02                     # as the four core arms ran
     committed = tmp_path / "study.yaml"
     committed.write_text(yaml.safe_dump(tree, sort_keys=False))
-    assert cfg.rl.rollout.batch_wait_s != 0.02 and study.stale_settings(committed, cfg) == []
+    assert cfg.rl.rollout.batch_wait_s != 0.02 and study_config.stale_settings(committed, cfg) == []
     changed = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, rollout=dataclasses.replace(
         cfg.rl.rollout, max_turns=cfg.rl.rollout.max_turns + 1)))
-    assert study.stale_settings(committed, changed) == ["rl.rollout.max_turns"]
+    assert study_config.stale_settings(committed, changed) == ["rl.rollout.max_turns"]

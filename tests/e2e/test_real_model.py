@@ -53,7 +53,7 @@ def test_limen_data_fetch_smollm2_caches_a_plain_checkpoint_the_policy_loads(tmp
 def test_a_smaller_real_model_check_prints_its_line(tmp_path):
     """Three games, three turns, one SFT episode, one RL iteration of two episodes: every phase on the real weights."""
     command = [sys.executable, "benchmarks/real_model_check.py", f"out_dir={tmp_path}", "games=3", "max_turns=3",
-               "max_new_tokens=24", "sft_episodes=1", "sft_probe_turns=4",
+               "max_new_tokens=24", "sft.episodes=1", "sft.probe_turns=4",
                'rl_overrides=["iterations=1", "episodes_per_iteration=2", "save_every=1", "timing_every=0", '
                '"rollout.max_turns=3", "rollout.max_new_tokens=24"]']
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=2300)
