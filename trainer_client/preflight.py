@@ -165,6 +165,10 @@ def check_train(cfg) -> Preflight:
 
     report = Preflight()
     check_model(cfg.model.path, "model.path", report)
+    if cfg.init == "sft":
+        report.notes.append(f"init sft: model.path is first fine-tuned on expert play of env.train_split "
+                            f"({cfg.sft.episodes or 'every'} episodes, {cfg.sft.epochs:g} epochs); made on first use "
+                            f"(minutes), cached under $LIMEN_CACHE/warm-starts (trainer_client/warm_start.py)")
     try:
         group_size_of(cfg)
     except (KeyError, ValueError) as error:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import platform
 import random
 import sys
@@ -37,9 +38,10 @@ from trainer_client.local_server import open_env_pool
 from trainer_client.policy import Policy
 from trainer_client.policy.generation import build_backend
 from trainer_client.rollout import EpisodeRecord, TaskRef, collect
-from trainer_client.tiny_model import resolve_tiny_model
+from trainer_client.run_summary import run_summary
 from trainer_client.timing import Timer, breakdown_table, device_synchronizer, mean_stage_seconds
 from trainer_client.train_config import TrainConfig, group_size_of
+from trainer_client.warm_start import starting_point
 
 
 # ---- small pieces the loop uses -----------------------------------------------------------------------
@@ -224,6 +226,7 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
     learner = load_learner(cfg, needs, checkpoint)
     if state:
         restore_optimizers(learner, state)
+        console.print(f"resuming from {checkpoint} at iteration {start}", markup=False, highlight=False)
     policy = learner.policy
     generator = generation_copy(cfg, policy, checkpoint)
     backend = build_backend(cfg.generation, generator)
@@ -297,10 +300,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config.config_from_args(TrainConfig, parser, args)
     if preflight.check_train(cfg).settle(parser.prog, cfg, args.dry_run):
         return 0
-    # A tiny-model:SIZE spec becomes the checkpoint it names (built once, cached) before the run loads it.
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=resolve_tiny_model(
-        cfg.model.path, cfg.env.name, cfg.env.train_split, cfg.env.servers, cfg.env.server_args, cfg.prompt, cfg.seed)))
-    asyncio.run(train(cfg, resume=args.resume))
+    # A tiny-model:SIZE spec becomes the checkpoint it names, and init: sft its warm start (each built once,
+    # cached) before the run loads it. The run's config.yaml then names what was loaded, with init cleared: a run
+    # started again from that file must not fine-tune the warm start a second time.
+    start = asyncio.run(starting_point(cfg))
+    if os.environ.get("RANK", "0") == "0":   # under torchrun, one line for all ranks
+        print(start.line, file=sys.stderr)
+    cfg = dataclasses.replace(cfg, init="", model=dataclasses.replace(cfg.model, path=start.path))
+    run_dir = asyncio.run(train(cfg, resume=args.resume))
+    if distributed.rank() == 0:
+        print("\n".join(run_summary(cfg, run_dir)))
     return 0
 
 

@@ -7,6 +7,7 @@ estimators and losses, generation); the sections only the run itself reads are d
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from trainer_client.algorithms import AdvantageConfig, LossConfig, get_estimator
 from trainer_client.env_pool.config import Transport
@@ -15,6 +16,7 @@ from trainer_client.policy.generation import GenerationConfig
 from trainer_client.policy.lora import LoraConfig
 from trainer_client.prompts import PromptConfig
 from trainer_client.rollout import RolloutConfig
+from trainer_client.sft_config import SFTConfig
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,12 @@ class TrainConfig:
     timing_every: int = 10
     """Print the mean runtime breakdown of the last this many iterations (and of the whole run at the end)."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    init: Literal["", "sft"] = ""
+    """Where RL starts: "" from model.path as it is; "sft" from model.path fine-tuned first on expert play of
+    env.train_split with the `sft` settings, in this run's prompt layout (trainer_client/warm_start.py: made once,
+    cached under $LIMEN_CACHE/warm-starts). A tiny model is random weights, which reply validly next to never."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """The warm start's settings (init: sft); the CPU presets take the demo's (configs/base/demo_sft.yaml)."""
     env: EnvConfig = field(default_factory=EnvConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     prompt: PromptConfig = field(default_factory=PromptConfig)

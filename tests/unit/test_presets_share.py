@@ -115,8 +115,11 @@ def test_a_cpu_preset_differs_from_the_shared_rl_block_only_where_it_says(name):
 def test_the_cpu_preset_is_the_demos_rl_run_on_the_demos_games():
     preset = config.load(TrainConfig, CONFIGS / "alfworld_cpu-tiny.yaml")
     demo = config.load(DemoConfig, CONFIGS / "demo.yaml")
+    warm_start = {"init"} | {f"sft.{key}" for key in flat(config.to_dict(preset.sft))}
     assert differences(preset, shared_rl()) <= {"seed", "run_dir", "model.path", "model.device", "model.dtype",
-                                                "env.name", "env.train_split", "env.eval_split", "env.server_args"}
+                                                "env.name", "env.train_split", "env.eval_split", "env.server_args",
+                                                *warm_start}
+    assert (preset.init, preset.sft) == ("sft", demo.sft)   # RL starts from the demo's warm start
     assert (preset.env.name, preset.env.train_split, preset.env.eval_split) == (demo.env, demo.train_split,
                                                                                  demo.eval_split)
     assert preset.env.server_args == demo.server_args
