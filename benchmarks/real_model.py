@@ -93,6 +93,9 @@ class RealModelConfig:
     curve_split: str = "valid_seen"
     curve_games: int = 48
     """Held-out success over RL iterations is read on this fixed subset (every category alike), eval seed 0."""
+    curve_every: int = 8
+    """The curve reads every curve_every-th iteration's checkpoint and the last (RL may save more often, so that
+    a kill costs less)."""
     prompting_styles: tuple[str, ...] = PROMPTING_STYLES
     prompting_seeds: tuple[int, ...] = (0,)
     prompting_max_new_tokens: int = 64
@@ -110,6 +113,12 @@ def category_table(rows: Sequence[dict]) -> dict[str, dict[str, float | int]]:
         table[name] = {"episodes": len(chosen), "won": sum(r["won"] for r in chosen),
                        "success": sum(r["won"] for r in chosen) / len(chosen) if chosen else float("nan")}
     return table
+
+
+def curve_points(checkpoints: Sequence[tuple[int, Path]], every: int) -> list[tuple[int, Path]]:
+    """The SFT start (iteration 0), every `every`-th saved iteration and the last one."""
+    last = len(checkpoints) - 1
+    return [c for k, c in enumerate(checkpoints) if k in (0, last) or (c[0] + 1) % every == 0]
 
 
 def paired_rl_gain(before: Sequence[dict], after: Sequence[dict]) -> dict:
@@ -343,7 +352,7 @@ class Run:
                 if not self.done("curve"):
                     curve_games = {self.cfg.curve_split: pick_games(games[self.cfg.curve_split],
                                                                     self.cfg.curve_games, self.cfg.seed)}
-                    for iteration, folder in self.rl_checkpoints():
+                    for iteration, folder in curve_points(self.rl_checkpoints(), self.cfg.curve_every):
                         label = f"curve_{iteration:04d}"
                         rows = await self.evaluate(label, folder, (self.cfg.curve_split,), (0,), curve_games,
                                                    prompts, self.cfg.eval_max_new_tokens, "curve")
