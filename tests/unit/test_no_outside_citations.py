@@ -62,22 +62,27 @@ def read_text(path: Path) -> str | None:
         return None
 
 
+def numbered_lines(files: list[Path]):
+    """(path, its name from the repo root, line number, line) of every line of the readable text files."""
+    for path in files:
+        text = read_text(path)
+        if text is not None:
+            name = path.relative_to(ROOT).as_posix()
+            for number, line in enumerate(text.splitlines(), 1):
+                yield path, name, number, line
+
+
 def outside_references(files: list[Path]) -> tuple[list[str], dict[str, list[str]]]:
     """(offending 'file:line: reason: text' entries, exempted lines per file)."""
     offending, exempted = [], {}
-    for path in files:
-        text = read_text(path)
-        if text is None:
+    for path, name, number, line in numbered_lines(files):
+        reasons = [reason for pattern, reason in OUTSIDE if pattern.search(line)]
+        if not reasons:
             continue
-        name = path.relative_to(ROOT).as_posix()
-        for number, line in enumerate(text.splitlines(), 1):
-            reasons = [reason for pattern, reason in OUTSIDE if pattern.search(line)]
-            if not reasons:
-                continue
-            if name in EXEMPT and EXEMPT[name].match(line):
-                exempted.setdefault(name, []).append(line)
-                continue
-            offending.append(f"{name}:{number}: {reasons[0]}: {line.strip()}")
+        if name in EXEMPT and EXEMPT[name].match(line):
+            exempted.setdefault(name, []).append(line)
+            continue
+        offending.append(f"{name}:{number}: {reasons[0]}: {line.strip()}")
     return offending, exempted
 
 
@@ -105,24 +110,19 @@ def anchors_of(markdown: str) -> set[str]:
 
 def broken_anchor_citations(files: list[Path]) -> list[str]:
     broken = []
-    for path in files:
-        text = read_text(path)
-        if text is None:
-            continue
-        name = path.relative_to(ROOT).as_posix()
-        for number, line in enumerate(text.splitlines(), 1):
-            for match in CITATION.finditer(line):
-                if match.group("path").startswith("//") or re.search(r"[a-z]+:(//)?\S*$", line[:match.start()]):
-                    continue  # part of a URL: another site's anchor
-                cited = match.group("path")
-                # A Markdown link is relative to its file; a citation in code names a path from the repo root.
-                candidates = [path.parent / cited, ROOT / cited] if path.suffix == ".md" else [ROOT / cited,
-                                                                                              path.parent / cited]
-                target = next((c.resolve() for c in candidates if c.is_file()), None)
-                if target is None or ROOT not in target.parents:
-                    broken.append(f"{name}:{number}: cites {cited}, which is not a file in the repo")
-                elif match.group("anchor") not in anchors_of(target.read_text(encoding="utf-8")):
-                    broken.append(f"{name}:{number}: {cited} has no heading with anchor #{match.group('anchor')}")
+    for path, name, number, line in numbered_lines(files):
+        for match in CITATION.finditer(line):
+            if match.group("path").startswith("//") or re.search(r"[a-z]+:(//)?\S*$", line[:match.start()]):
+                continue  # part of a URL: another site's anchor
+            cited = match.group("path")
+            # A Markdown link is relative to its file; a citation in code names a path from the repo root.
+            candidates = [path.parent / cited, ROOT / cited] if path.suffix == ".md" else [ROOT / cited,
+                                                                                          path.parent / cited]
+            target = next((c.resolve() for c in candidates if c.is_file()), None)
+            if target is None or ROOT not in target.parents:
+                broken.append(f"{name}:{number}: cites {cited}, which is not a file in the repo")
+            elif match.group("anchor") not in anchors_of(target.read_text(encoding="utf-8")):
+                broken.append(f"{name}:{number}: {cited} has no heading with anchor #{match.group('anchor')}")
     return broken
 
 
