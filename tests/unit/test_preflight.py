@@ -17,8 +17,11 @@ def checked(env: str, split: str, servers=(), server_args=()) -> Preflight:
     return report
 
 
-def test_every_registered_env_declares_its_splits():
-    assert set(registry.ENV_SPLITS) == set(registry.ENV_ENTRY_POINTS)
+def test_every_shipped_env_declares_its_splits():
+    # Other tests register envs of their own in this process: only the package's own must declare theirs.
+    shipped = {name for name, target in registry.ENV_ENTRY_POINTS.items() if target.startswith("env_server.envs.")}
+    assert shipped >= {"toy", "alfworld", "webshop"}
+    assert shipped <= set(registry.ENV_SPLITS)
     for name in registry.ENV_SPLITS:
         assert isinstance(registry.offline_splits(name), OfflineSplits)
 
