@@ -208,9 +208,13 @@ bench: $(STAMP)
 # The learning study -> docs/RESULTS.md (resumable: finished runs are skipped). `make study-estimate` prints the
 # projected time first; `make study-smoke` is the CI-sized configuration (1 seed, 2 iterations, toy env).
 STUDY_CONFIG ?= configs/study.yaml
-.PHONY: study study-estimate study-smoke
+.PHONY: study study-estimate study-smoke study-tune
 study: $(STAMP)
 	$(PY) benchmarks/learning_study.py --config $(STUDY_CONFIG)
+
+# Tuning the core arms on gen_val (same runs per arm; tuning.json), before the final runs take the chosen settings.
+study-tune: $(STAMP)
+	$(PY) benchmarks/learning_study.py --config $(STUDY_CONFIG) --tune
 
 study-estimate: $(STAMP)
 	$(PY) benchmarks/learning_study.py --config $(STUDY_CONFIG) --estimate

@@ -35,11 +35,36 @@ ABLATIONS = {
     ("ppo_critic_turn", "ppo_critic_verl"): "turn-level credit: the same separate critic, turn-level GAE vs "
                                             "verl's token-level GAE with gamma = lambda = 1 inside each turn",
 }
-# Settings that may change between invocations on one out_dir without making its finished runs stale.
-RESUMABLE_CHANGES = ("out_dir", "report_dir", "measurements_dir", "seeds", "extended", "estimate_iterations")
+# Settings that may change between invocations on one out_dir without making its finished runs stale. An arm's
+# overrides (arm_overrides, chosen by tuning) are checked arm by arm instead: study_run.finished_arm.
+RESUMABLE_CHANGES = ("out_dir", "report_dir", "measurements_dir", "seeds", "extended", "estimate_iterations",
+                     "arm_overrides", "tuning")
 # Dotted settings that change how runs execute, not what they learn from: lock-step rollout batches (batch_wait_s 0)
 # repeat a run exactly; the 0.02 s the finished arms ran with formed batches by timing, the same episodes otherwise.
 EXECUTION_ONLY = ("rl.rollout.batch_wait_s",)
+
+
+@dataclass(frozen=True)
+class TuningConfig:
+    """The same budget of runs for every core arm, judged on a validation split that no final number looks at."""
+
+    split: str = "gen_val"
+    """The only split tuning evaluates on; its games share no room with the training or test games (checked)."""
+    seed: int = 0
+    """The training seed of every tuning run; its SFT start is the study's start of that seed."""
+    episodes: int = 0
+    """Tasks of `split` played per eval seed (0: all)."""
+    server_args: tuple[str, ...] = ()
+    """Flags the study's env server gets only while tuning, e.g. the gen_val games."""
+    grid: dict[str, dict[str, list]] = field(default_factory=dict)
+    """Arm -> {dotted RL setting: values}; every arm's grid has the same number of points (the same budget)."""
+
+    def points(self, arm: str) -> list[tuple[str, ...]]:
+        """The arm's grid as override tuples, in a fixed order (the first axis slowest)."""
+        combos: list[tuple[str, ...]] = [()]
+        for key, values in self.grid.get(arm, {}).items():
+            combos = [(*combo, f"{key}={value}") for combo in combos for value in values]
+        return combos if self.grid.get(arm) else []
 
 
 @dataclass(frozen=True)
@@ -72,6 +97,10 @@ class StudyConfig:
     """Each seed's warm start on expert play of train_split, which every arm of the seed starts from."""
     estimate_iterations: int = 2
     """RL iterations per algorithm that --estimate times."""
+    curve_episodes: int = 100
+    """Held-out curve: every saved checkpoint plays this fixed subset of the primary split's games once, with the
+    first eval seed (0 plays none). The SFT start and the last checkpoint take it from their full evaluations."""
+    tuning: TuningConfig = field(default_factory=TuningConfig)
     rl: TrainConfig = field(default_factory=TrainConfig)
     """The RL run of every arm (model.path, env, seed and run_dir are filled in per run)."""
 
@@ -87,6 +116,11 @@ class StudyConfig:
         unknown = sorted(set(self.arm_overrides) - set(self.arms))
         if unknown:
             raise ValueError(f"arm_overrides names unknown arms {unknown}; arms: {sorted(self.arms)}")
+        sizes = {arm: len(self.tuning.points(arm)) for arm in self.tuning.grid}
+        if set(self.tuning.grid) - set(CORE_ARMS) or len(set(sizes.values())) > 1 or 0 in sizes.values():
+            raise ValueError(f"tuning.grid must give core arms ({sorted(CORE_ARMS)}) grids of one size, got {sizes}")
+        if self.tuning.split in (self.train_split, *self.eval_splits):
+            raise ValueError(f"tuning.split {self.tuning.split!r} must be none of the training or held-out splits")
         if self.rl.save_every < 1:
             raise ValueError("rl.save_every must be >= 1: the evaluation reads the run's last checkpoint")
         for arm in self.arms:
@@ -113,6 +147,25 @@ def arm_config(cfg: StudyConfig, arm: str, seed: int = 0, model_path: str = "", 
 
 def seed_dir(cfg: StudyConfig, seed: int) -> Path:
     return Path(cfg.out_dir) / f"seed_{seed}"
+
+
+def tuning_run_dir(cfg: StudyConfig, arm: str, point: tuple[str, ...]) -> Path:
+    """out_dir/tuning/ARM/lr=0.0003,value_lr=0.001: one tuning run, named by its grid point."""
+    return Path(cfg.out_dir) / "tuning" / arm / ",".join(item.rsplit(".", 1)[-1] for item in point)
+
+
+# Where a run's config.yaml says where it ran, not how it learned: the paths, the server's address, and
+# execution-only settings.
+WHERE_IT_RAN = ("run_dir", "model.path", "env.servers", *(key.removeprefix("rl.") for key in EXECUTION_ONLY))
+
+
+def same_learning(saved: Path, rl: TrainConfig) -> bool:
+    """Whether the run whose config.yaml is `saved` learned with `rl`'s settings (where it ran aside)."""
+    try:
+        old = config.to_dict(config.from_dict(TrainConfig, yaml.safe_load(saved.read_text()), str(saved)))
+    except (OSError, ValueError, TypeError):   # absent, or written with settings that no longer exist
+        return False
+    return not [key for key in changed_settings(old, config.to_dict(rl)) if key not in WHERE_IT_RAN]
 
 
 def changed_settings(old: Mapping, new: Mapping, prefix: str = "") -> list[str]:

@@ -9,14 +9,19 @@ from pathlib import Path
 
 from study_config import ABLATIONS, StudyConfig
 from study_files import export_measurements
+from study_curves import plot_gains, plot_held_out_curves
 from study_stats import StudyResults, read_results, study_summary
+from study_tuning import read_tuning
 
 from trainer_client.eval_report import mean_std, plot_curves, results_table
 from trainer_client.timing import ITERATION_STAGES
 
 SFT_LABEL = "SFT (start)"
 CURVES_PNG = "results_learning_curves.png"
+HELD_OUT_PNG = "results_held_out_curves.png"
+GAINS_PNG = "results_gains.png"
 INTERPRETATION_MD = "RESULTS_interpretation.md"
+TRAINING_SMOOTHING = 8
 INTERPRETATION_TITLE = "# Learning study: interpretation"
 
 
@@ -34,17 +39,30 @@ def interval_text(gain: Mapping | None) -> str:
     return f"{points(gain['gain'], True)} [{points(low, True)}, {points(high, True)}]"
 
 
+def seed_interval_text(gain: Mapping | None) -> str:
+    """The seed-aware interval and each training seed's gain, in points."""
+    if not gain or not gain.get("seed_ci95"):
+        return "–"
+    per_seed = ", ".join(f"{seed}: {points(value, True)}" for seed, value in gain["per_seed"].items())
+    return f"{interval_text({'gain': gain['gain'], 'ci95': gain['seed_ci95']})} (per seed {per_seed})"
+
+
 def verdict(a: str, b: str, gain: Mapping | None) -> str:
-    """Which side the paired 95 % interval puts ahead, if any."""
+    """Which side the paired 95 % interval puts ahead, if any: the seed-aware one where there is one (training
+    seeds resampled, then games), else the one over games."""
     if not gain:
         return f"{a} vs {b}: not measured"
-    low, high = gain["ci95"]
+    seed_aware = bool(gain.get("seed_ci95"))
+    low, high = gain["seed_ci95"] if seed_aware else gain["ci95"]
     if low > 0:
         head = f"**{a} beats {b}**"
     elif high < 0:
         head = f"**{b} beats {a}**"
     else:
         head = f"**no difference resolved** between {a} and {b} (the interval holds 0)"
+    if seed_aware:
+        return (f"{head}: {seed_interval_text(gain)} points with the training seeds resampled; over games alone "
+                f"{interval_text(gain)}, paired on {gain['episodes']} episodes ({gain['games']} games)")
     return f"{head}: {interval_text(gain)} points, paired on {gain['episodes']} episodes ({gain['games']} games)"
 
 
@@ -109,10 +127,43 @@ def comparisons_table(split_summary_: Mapping) -> str:
     """Each paired comparison, overall and per task category."""
     comparisons = split_summary_["comparisons"]
     categories = sorted({c for gain in comparisons.values() for c in gain["by_category"]})
-    lines = ["| a vs b | all games | " + " | ".join(categories) + " |", "|---|---|" + "---|" * len(categories)]
+    lines = ["| a vs b | all games, seeds resampled | all games, seeds fixed | " + " | ".join(categories) + " |",
+             "|---|---|---|" + "---|" * len(categories)]
     for key, gain in comparisons.items():
-        lines.append(f"| {key} | {interval_text(gain)} | "
+        lines.append(f"| {key} | {seed_interval_text(gain)} | {interval_text(gain)} | "
                      + " | ".join(interval_text(gain["by_category"].get(c)) for c in categories) + " |")
+    return "\n".join(lines)
+
+
+def equal_time_table(split_summary_: Mapping) -> str:
+    """Each arm where it stood when boundary had trained as long as its whole run, against boundary's end."""
+    rows = split_summary_.get("equal_time") or {}
+    if not rows:
+        return "Not measured: no run with a held-out curve has finished beside a boundary run of its seed."
+    lines = ["| arm | its success % at boundary's time | boundary's % | boundary's lead, seeds resampled | seeds fixed "
+             "| iteration reached per seed (of boundary's minutes) |", "|---|---|---|---|---|---|"]
+    for arm, e in rows.items():
+        reached = ", ".join(f"{seed}: {p['iteration']} ({p['boundary_seconds'] / 60:.1f} min)"
+                            for seed, p in e["per_seed"].items())
+        lead = {"gain": e["boundary_lead"], "seed_ci95": e["seed_ci95"],
+                "per_seed": {seed: p["boundary_lead"] for seed, p in e["per_seed"].items()}}
+        lines.append(f"| {arm} | {points(e['success'])} | {points(e['boundary_success'])} | {seed_interval_text(lead)} "
+                     f"| {interval_text({'gain': e['boundary_lead'], 'ci95': e['ci95']})} | {reached} |")
+    return "\n".join(lines)
+
+
+def tuning_table(tuning: Mapping) -> str:
+    """Every tuning run's validation success, per arm, the chosen one in bold."""
+    lines = [f"Validation split `{tuning['split']}` ({tuning['games']} games x eval seeds {tuning['eval_seeds']}), "
+             f"training seed {tuning['seed']}, {tuning['iterations']} iterations per run, {tuning['runs_per_arm']} runs "
+             f"per arm. SFT start on it: {points(tuning.get('sft_success'))} %. {tuning['rooms']['said']}", "",
+             "| arm | setting | validation success % | RL min |", "|---|---|---|---|"]
+    for arm, runs in tuning["runs"].items():
+        for run in runs:
+            chosen = run["overrides"] == tuning["chosen"].get(arm)
+            setting = " ".join(run["overrides"])
+            cell = f"**{points(run['success'])}** (chosen)" if chosen else points(run["success"])
+            lines.append(f"| {arm} | `{setting}` | {cell} | {run['seconds']['train'] / 60:.1f} |")
     return "\n".join(lines)
 
 
@@ -229,6 +280,22 @@ def render_results(results: StudyResults, summary: Mapping, command: str, interp
             "Every comparison is paired: the same games, eval seeds and training seeds (each arm starts from its "
             "seed's SFT checkpoint). Intervals are 95 % bootstrap intervals over games; " + summary["pooling"], ""]
     out += [f"- {line}" for line in answer_lines(summary)]
+    drawn = any(c.get("seed_ci95") for c in summary["comparisons"].values())
+    out += ["", f"![paired gains]({GAINS_PNG})" if drawn else "", "",
+            f"## Held-out success as the runs learned, `{primary}`", ""]
+    curve = next((r["curve"] for by_seed in results.runs.values() for r in by_seed.values() if "curve" in r), None)
+    out += ([f"![held-out curves]({HELD_OUT_PNG})", "",
+             (f"Every saved checkpoint on the same {curve['games']} games of `{primary}` (eval seed {curve['eval_seed']}, "
+              f"T = {cfg.rl.eval_temperature}), against iterations and against the run's own training minutes; mean over "
+              "training seeds, the band from the lowest to the highest seed.")] if curve
+            else ["Not measured: no run with a held-out curve has finished."])
+    out += ["", "## Equal wall time", "",
+            ("Where each arm stood once it had trained as long as boundary's whole run (its last checkpoint within "
+             "boundary's training minutes, seed by seed; an arm faster than boundary stops at its last iteration), "
+             "against boundary's end, on the curve's games:"), "", equal_time_table(summary), ""]
+    tuning = read_tuning(cfg)
+    out += ["## Tuning", "", tuning_table(tuning) if tuning else
+            "Not run: every arm used the study's shared settings (its `arm_overrides`, if any, are listed above)."]
     for split_summary_ in [summary, *summary["other_splits"].values()]:
         split = split_summary_["split"]
         out += ["", f"## Gain over the SFT start and between arms, `{split}` ({split_summary_['games']} games)", ""]
@@ -241,9 +308,10 @@ def render_results(results: StudyResults, summary: Mapping, command: str, interp
         files = table_files(results, split)
         out += ["", f"## Held-out success per category on `{split}`", ""]
         out += [results_table(files)] if files else ["Not evaluated: the env server does not serve this split."]
-    out += ["", "## Learning curves", "", f"![learning curves]({CURVES_PNG})", "",
-            ("Training-rollout success per iteration (T = 1.0), mean ± std over seeds; held-out success where the "
-            "runs evaluated during training."), "",
+    out += ["", "## Training-rollout success (secondary)", "", f"![training curves]({CURVES_PNG})", "",
+            ("Success of the training rollouts (T = 1.0, fresh games each iteration), moving mean over "
+             f"{TRAINING_SMOOTHING} iterations, mean ± std over seeds: noisy by construction; the held-out curves "
+             "above are what to read."), "",
             "## Time per iteration and its parts", "",
             "Seconds, mean ± std over seeds of each run's mean iteration (stage names as in verl's timing_raw).", "",
             time_table(results), "",
@@ -263,10 +331,12 @@ def write_report(cfg: StudyConfig, command: str) -> list[Path]:
     report_dir.mkdir(parents=True, exist_ok=True)
     written = []
     if results.curves:
-        written.append(plot_curves(results.curves, report_dir / CURVES_PNG))
+        written.append(plot_curves(results.curves, report_dir / CURVES_PNG, smooth=TRAINING_SMOOTHING))
+    summary = study_summary(results, command)
+    written += [p for p in (plot_held_out_curves(results.runs, report_dir / HELD_OUT_PNG),
+                            plot_gains(summary["comparisons"], report_dir / GAINS_PNG)) if p]
     measurements = export_measurements(cfg) if (Path(cfg.out_dir) / "study.yaml").is_file() else Path(cfg.measurements_dir)
     measurements.mkdir(parents=True, exist_ok=True)
-    summary = study_summary(results, command)
     (measurements / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     notes = report_dir / INTERPRETATION_MD
     path = report_dir / "RESULTS.md"

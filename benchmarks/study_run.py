@@ -17,7 +17,8 @@ import torch
 import yaml
 from benchlib import cpu_model, reference_step_seconds
 from rich.console import Console
-from study_config import StudyConfig, arm_config, seed_dir, stale_settings
+from study_config import StudyConfig, arm_config, same_learning, seed_dir, stale_settings, tuning_run_dir
+from study_curves import held_out_curve
 
 from trainer_client import config
 from trainer_client.checkpoints import latest_checkpoint
@@ -31,7 +32,7 @@ from trainer_client.sft import fit
 from trainer_client.sft_config import expert_tasks
 from trainer_client.timing import mean_stage_seconds
 from trainer_client.train import train
-from trainer_client.train_config import group_size_of
+from trainer_client.train_config import TrainConfig, group_size_of
 
 
 def this_machine() -> dict:
@@ -56,13 +57,16 @@ class HeldOut:
     """Tasks in the whole split."""
 
 
-async def held_out_tasks(pool: EnvPool, cfg: StudyConfig) -> dict[str, HeldOut]:
-    """The eval splits the server serves, each with the subset of tasks every run plays."""
+async def held_out_tasks(pool: EnvPool, cfg: StudyConfig,
+                         episodes: Mapping[str, int] | None = None) -> dict[str, HeldOut]:
+    """The held-out splits the server serves (the eval splits, or those `episodes` names), each with the subset of
+    tasks every run plays."""
+    episodes = {split: cfg.eval_episodes.get(split, 0) for split in cfg.eval_splits} if episodes is None else episodes
     served = (await pool.list_envs())[cfg.env].splits
     held_out = {}
-    for split in (s for s in cfg.eval_splits if s in served):
+    for split in (s for s in episodes if s in served):
         task_ids = await pool.list_tasks(cfg.env, split)
-        held_out[split] = HeldOut(subset(task_ids, cfg.eval_episodes.get(split, 0)), len(task_ids))
+        held_out[split] = HeldOut(subset(task_ids, episodes[split]), len(task_ids))
     return held_out
 
 
@@ -146,16 +150,28 @@ async def warm_start(pool: EnvPool, cfg: StudyConfig, seed: int, tasks: Mapping[
 async def run_arm(pool: EnvPool, server: str, cfg: StudyConfig, seed: int, arm: str,
                   tasks: Mapping[str, HeldOut], console: Console, iterations: int = 0,
                   run_dir: Path | None = None) -> dict:
-    """RL of one arm from the seed's SFT checkpoint, then held-out evaluation of its last checkpoint."""
+    """RL of one arm from the seed's SFT checkpoint, then held-out evaluation of its last checkpoint and, when the
+    primary split is among `tasks`, the held-out curve of its saved checkpoints.
+
+    A finished run is kept only when it learned with today's settings for the arm (its config.yaml) and has its
+    curve; otherwise it is set aside (`ARM.replaced_N`) and run again. A tuning run of this seed with the same
+    settings is that run already: it is copied in, not repeated."""
     run_dir = run_dir or seed_dir(cfg, seed) / arm
-    done = run_dir / "results.json"
-    if done.is_file():
-        return await with_missing_evaluations(pool, cfg, tasks, done, lambda: latest_checkpoint(run_dir) / "policy")
     rl = arm_config(cfg, arm, seed, str(seed_dir(cfg, seed) / "sft"), server, str(run_dir))
     rl = dataclasses.replace(rl, iterations=iterations or rl.iterations)
+    wants_curve = bool(cfg.curve_episodes) and cfg.eval_splits[0] in tasks
+    done = run_dir / "results.json"
+    if done.is_file() and not stale_run(run_dir, rl, wants_curve):
+        return await with_missing_evaluations(pool, cfg, tasks, done, lambda: latest_checkpoint(run_dir) / "policy")
+    if run_dir.exists() and (done.is_file() or not same_learning(run_dir / "config.yaml", rl)):
+        set_aside(run_dir)
+    reused = reusable_tuning_run(cfg, seed, arm, rl) if not run_dir.exists() else None
+    if reused is not None:
+        console.print(f"seed {seed} {arm}: the tuning run {reused} learned with these settings; reusing it")
+        shutil.copytree(reused, run_dir, ignore=shutil.ignore_patterns("results.json"))
     machine = this_machine()
     started = time.perf_counter()
-    await train(rl, resume=True, console=console)   # resume: a no-op for a new run dir
+    await train(rl, resume=True, console=console)   # resume: a no-op for a new run dir, and for a finished one
     train_s = time.perf_counter() - started
     policy = Policy.load(latest_checkpoint(run_dir) / "policy")
     evaluations = await evaluate_policy(pool, policy, cfg, tasks)
@@ -170,8 +186,43 @@ async def run_arm(pool: EnvPool, server: str, cfg: StudyConfig, seed: int, arm: 
         "seconds": {"train": train_s, "eval": time.perf_counter() - started - train_s},
         "machine": machine,
     }
+    if reused is not None:   # trained in the tuning run: its time and machine, not the no-op resume's
+        tuned = json.loads((reused / "results.json").read_text())
+        result |= {"reused_from": str(reused), "machine": tuned["machine"],
+                   "seconds": {"train": tuned["seconds"]["train"], "eval": result["seconds"]["eval"]}}
+    if wants_curve:
+        started = time.perf_counter()
+        sft = json.loads((seed_dir(cfg, seed) / "sft.json").read_text())
+        result["curve"] = await held_out_curve(pool, cfg, run_dir, tasks[cfg.eval_splits[0]].task_ids, sft, evaluations)
+        result["seconds"]["curve"] = time.perf_counter() - started
     write_json(done, result)
     return result
+
+
+def set_aside(run_dir: Path) -> Path:
+    """Move a run made with other settings out of the way, kept beside it (never deleted)."""
+    n = 1
+    while (aside := run_dir.with_name(f"{run_dir.name}.replaced_{n}")).exists():
+        n += 1
+    run_dir.rename(aside)
+    return aside
+
+
+def stale_run(run_dir: Path, rl: TrainConfig, wants_curve: bool) -> bool:
+    result = json.loads((run_dir / "results.json").read_text())
+    return (wants_curve and "curve" not in result) or not same_learning(run_dir / "config.yaml", rl)
+
+
+def reusable_tuning_run(cfg: StudyConfig, seed: int, arm: str, rl: TrainConfig) -> Path | None:
+    """The finished tuning run (with its checkpoints) of this seed that learned with exactly `rl`'s settings."""
+    if seed != cfg.tuning.seed:
+        return None
+    for point in cfg.tuning.points(arm):
+        run_dir = tuning_run_dir(cfg, arm, point)
+        if ((run_dir / "results.json").is_file() and latest_checkpoint(run_dir) is not None
+                and same_learning(run_dir / "config.yaml", rl)):
+            return run_dir
+    return None
 
 
 def prepare_out_dir(cfg: StudyConfig) -> Path:

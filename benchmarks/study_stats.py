@@ -9,10 +9,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from study_config import ABLATIONS, CORE_ARMS, StudyConfig, seed_dir
+from study_curves import equal_time
 
 from trainer_client.eval_report import mean_std, read_run
 from trainer_client.paired import compare as paired_compare
-from trainer_client.paired import outcome_values
+from trainer_client.paired import game_means, outcome_values, paired_gain, seed_game_gain
 
 
 def reference_step(run: Mapping) -> float | None:
@@ -84,21 +85,64 @@ def game_outcomes(by_seed: Mapping[int, Mapping], split: str, category: str | No
 
 
 def paired(a: Mapping[int, Mapping], b: Mapping[int, Mapping], split: str, category: str | None = None) -> dict | None:
-    """Success of `a` minus `b` on the episodes both played (same training seed, eval seed and game), with a
-    95 % interval; None when they share no episode.
+    """Success of `a` minus `b` on the episodes both played (same training seed, eval seed and game), with two
+    95 % intervals; None when they share no episode.
 
     Pooling: a game's gain is its mean over every (training seed, eval seed) pair both played; the interval
     is a bootstrap over games (trainer_client.paired.paired_gain), the unit that was sampled. The training
     seeds are held fixed, so the interval covers game and sampling noise given these seeds' SFT starts; the
-    seed-to-seed spread is reported beside it (held_out_std)."""
+    seed-aware interval beside it (seed_ci95, trainer_client.paired.seed_game_gain) resamples the training
+    seeds, then the games within each, and is the one the verdicts follow; per_seed gives each seed's gain."""
     seeds = a.keys() & b.keys()
     a_games = game_outcomes({s: a[s] for s in seeds}, split, category)
     b_games = game_outcomes({s: b[s] for s in seeds}, split, category)
     if not a_games.keys() & b_games.keys():
         return None
     gain = paired_compare(before=b_games, after=a_games)
+    by_seed = {side: per_seed_games(games) for side, games in (("a", a_games), ("b", b_games))}
+    common = {s: by_seed["a"][s].keys() & by_seed["b"][s].keys() for s in by_seed["a"].keys() & by_seed["b"].keys()}
+    games = set.intersection(*map(set, common.values())) if common else set()
+    seed_level = {}
+    if games:
+        before = {s: {g: by_seed["b"][s][g] for g in games} for s in common}
+        after = {s: {g: by_seed["a"][s][g] for g in games} for s in common}
+        _, low, high = seed_game_gain(before, after)
+        seed_level = {"seed_ci95": [low, high],
+                      "per_seed": {s: statistics.fmean(after[s][g] - before[s][g] for g in games) for s in sorted(common)}}
     return {"gain": gain.gain, "ci95": [gain.lo, gain.hi], "games": gain.games, "episodes": gain.episodes,
-            "seeds": sorted(seeds)}
+            "seeds": sorted(seeds), **seed_level}
+
+
+def per_seed_games(outcomes: Mapping[tuple, float]) -> dict[int, dict[str, float]]:
+    """{training seed: {game: mean over its eval seeds}} from game_outcomes' keys (task id, (seed, eval seed))."""
+    by_seed: dict[int, dict] = {}
+    for (task_id, (seed, eval_seed)), won in outcomes.items():
+        by_seed.setdefault(seed, {})[(task_id, eval_seed)] = won
+    return {seed: game_means(values) for seed, values in by_seed.items()}
+
+
+def equal_time_summary(runs: Mapping[str, Mapping[int, Mapping]]) -> dict[str, dict]:
+    """Each arm where it stood when boundary finished its run (study_curves.equal_time), on the curve's games:
+    its success and boundary's, boundary's lead with both intervals, and the iteration each seed had reached."""
+    out = {}
+    for arm, per_seed in equal_time(runs).items():
+        before = {s: p["arm"] for s, p in per_seed.items()}
+        after = {s: p["base"] for s, p in per_seed.items()}
+        games = set.intersection(*(set(before[s]) & set(after[s]) for s in per_seed))
+        before = {s: {g: v for g, v in values.items() if g in games} for s, values in before.items()}
+        after = {s: {g: v for g, v in values.items() if g in games} for s, values in after.items()}
+        gain, low, high = seed_game_gain(before, after)
+        pooled = paired_gain({g: statistics.fmean(before[s][g] for s in per_seed) for g in games},
+                             {g: statistics.fmean(after[s][g] for s in per_seed) for g in games})
+        out[arm] = {"boundary_lead": gain, "seed_ci95": [low, high], "ci95": [pooled[1], pooled[2]],
+                    "games": len(games), "seeds": sorted(per_seed),
+                    "success": statistics.fmean(v for s in per_seed for v in before[s].values()),
+                    "boundary_success": statistics.fmean(v for s in per_seed for v in after[s].values()),
+                    "per_seed": {s: {"iteration": p["iteration"], "seconds": p["seconds"],
+                                     "boundary_seconds": p["base_seconds"],
+                                     "boundary_lead": statistics.fmean(after[s][g] - before[s][g] for g in games)}
+                                 for s, p in per_seed.items()}}
+    return out
 
 
 def mean_or_none(values: Sequence[float]) -> float | None:
@@ -149,7 +193,9 @@ def split_summary(results: StudyResults, split: str) -> dict:
     for arm, summary in arms.items():
         if arm != "boundary" and "boundary" in arms:
             summary["time_vs_boundary"] = time_vs(results.runs[arm], results.runs["boundary"])
-    return {"split": split, "games": max(games) if games else 0, "sft": {
+    primary = split == results.cfg.eval_splits[0]
+    return {"split": split, "games": max(games) if games else 0,
+            **({"equal_time": equal_time_summary(results.runs)} if primary else {}), "sft": {
         "seeds": sorted(sft), "held_out_mean": mean_or_none(starts),
         "held_out_std": mean_std(starts)[1] if starts else None, "held_out_by_seed": starts,
         "wall_seconds": {part: statistics.fmean(r["seconds"].get(part, 0.0) for r in sft.values())

@@ -122,10 +122,16 @@ def mean_curve(runs: Sequence[Sequence[Mapping]], key: str) -> tuple[list[int], 
     return iterations, [m for m, _ in stats], [s or 0.0 for _, s in stats]
 
 
+def moving_mean(values: Sequence[float], window: int) -> list[float]:
+    """Each value's mean with the (window - 1) before it (fewer at the start)."""
+    return [sum(values[max(0, k - window + 1):k + 1]) / len(values[max(0, k - window + 1):k + 1])
+            for k in range(len(values))]
+
+
 def plot_curves(runs: Mapping[str, Sequence[Sequence[Mapping]]], out: Path,
-                eval_temperature: float = TrainConfig.eval_temperature) -> Path:
+                eval_temperature: float = TrainConfig.eval_temperature, smooth: int = 1) -> Path:
     """A PNG of success over iterations per label (mean ± std band over its runs): training rollouts, and
-    held-out evaluation where the runs logged it."""
+    held-out evaluation where the runs logged it; `smooth` > 1 draws the moving mean over that many iterations."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -137,12 +143,15 @@ def plot_curves(runs: Mapping[str, Sequence[Sequence[Mapping]]], out: Path,
     for ax, (key, title) in zip(axes[0], panels):
         for label, label_runs in runs.items():
             iterations, mean, std = mean_curve(label_runs, key)
+            if smooth > 1:
+                mean, std = moving_mean(mean, smooth), moving_mean(std, smooth)
             if iterations:
                 line, = ax.plot(iterations, mean, marker="o" if len(iterations) <= 30 else None,
                                 label=f"{label} ({len(label_runs)} run(s))")
                 ax.fill_between(iterations, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                                 color=line.get_color(), alpha=0.2)
-        ax.set(title=f"success, {title}", xlabel="iteration", ylim=(0, 1.02))
+        smoothed = f", moving mean over {smooth}" if smooth > 1 else ""
+        ax.set(title=f"success, {title}{smoothed}", xlabel="iteration", ylim=(0, 1.02))
         ax.legend()
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from env_server.envs.datasets import OfflineSplits
 ROOMS = ("hall", "kitchen", "garden", "cellar", "attic", "study", "porch")
 OBJECTS = ("key", "apple", "coin", "lamp", "book", "cup")
 CATEGORIES = ("goto", "fetch", "switch")
-SPLIT_SIZES = {"train": 120, "test": 40}
+SPLIT_SIZES = {"train": 120, "test": 40, "valid": 40}   # valid: for tuning, so that test is looked at last
 # What a trainer's dry run checks its splits against (registry.ENV_SPLITS): generated, so always these.
 OFFLINE_SPLITS = OfflineSplits(frozenset(SPLIT_SIZES))
 

@@ -139,3 +139,23 @@ def test_the_games_depend_only_on_the_split_parameters(tmp_path):
 def test_a_failed_generation_in_the_child_says_why(tmp_path):
     with pytest.raises(RuntimeError, match="(?s)failed in .*invalid choice: 'no-such-size'"):
         generate._generate_in_child(tmp_path, 2, seed=7, size="no-such-size", workers=1)
+
+
+def test_gen_val_is_asked_for_and_shares_no_room_with_the_other_splits():
+    without, with_val = generated_env(), generated_env(gen_val_games=6)
+    assert "gen_val" not in without.splits() and len(with_val.splits()["gen_val"].playable) == 6
+    for split in ("gen_train", "gen_test"):   # adding gen_val changes no game of the others
+        assert [t.task_id for t in with_val.splits()[split].playable] == [t.task_id for t in without.splits()[split].playable]
+    root = generate.generated_root(Path(generated_cache_dir()), with_val.config.generated_splits())
+    rooms = {split: generate.split_fingerprints(root, split) for split in ("gen_train", "gen_test", "gen_val")}
+    assert [len(rooms[s]) for s in rooms] == [GENERATED["gen_train_games"], GENERATED["gen_test_games"], 6]
+    assert not rooms["gen_val"].keys() & (rooms["gen_train"].keys() | rooms["gen_test"].keys())
+
+
+def test_a_room_drawn_twice_has_one_fingerprint_whatever_its_trial_name(tmp_path):
+    root = generate.generated_root(Path(generated_cache_dir()), generated_env().config.generated_splits())
+    game = sorted((root / "json_2.1.1" / "gen_test").glob("*/*/game.tw-pddl"))[0]
+    renamed = tmp_path / "game.tw-pddl"
+    renamed.write_text(game.read_text().replace(game.parent.name, "trial_gen_s9_000001"))
+    assert renamed.read_text() != game.read_text()
+    assert generate.room_fingerprint(renamed) == generate.room_fingerprint(game)

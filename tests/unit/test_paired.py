@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 
 from trainer_client.evaluate import summarize
-from trainer_client.paired import compare, game_means, outcome_values, paired_gain, paired_report
+from trainer_client.paired import compare, game_means, outcome_values, paired_gain, paired_report, seed_game_gain
 from trainer_client.rollout import EpisodeRecord, TaskRef, Turn
 
 
@@ -116,3 +117,31 @@ def test_paired_report_compares_each_label_with_the_first():
                         "(95% bootstrap over 2 games)")
     assert lines[1] == "(not compared, no per-episode outcomes in their files: old)" and len(lines) == 2
     assert paired_report([sft]) == ""
+
+
+def test_seeds_that_disagree_widen_the_seed_aware_interval_only():
+    # Within each training seed every game gains the same, so games add no noise; seed 0 gains 1, seed 1 gains 0.
+    # Pooled over seeds each game gains 0.5 exactly (zero width); resampling the two seeds gives 0, 0.5 or 1.
+    games = ("a", "b", "c")
+    before = {0: dict.fromkeys(games, 0.0), 1: dict.fromkeys(games, 0.0)}
+    after = {0: dict.fromkeys(games, 1.0), 1: dict.fromkeys(games, 0.0)}
+    assert seed_game_gain(before, after, n_boot=20_000, seed=1) == (0.5, 0.0, 1.0)
+    pooled = {g: (after[0][g] + after[1][g]) / 2 for g in games}
+    assert paired_gain(dict.fromkeys(games, 0.0), pooled, n_boot=2_000) == (0.5, 0.5, 0.5)
+
+
+def test_one_seed_is_the_bootstrap_over_games():
+    rng = random.Random(3)
+    before = {g: float(rng.random() < 0.4) for g in map(str, range(300))}
+    after = {g: float(rng.random() < 0.55) for g in before}
+    one_seed = seed_game_gain({7: before}, {7: after}, n_boot=20_000)
+    over_games = paired_gain(before, after, n_boot=20_000)
+    assert one_seed[0] == over_games[0]
+    assert one_seed[1] == pytest.approx(over_games[1], abs=0.008) and one_seed[2] == pytest.approx(over_games[2], abs=0.008)
+
+
+def test_the_seed_aware_interval_refuses_unmatched_seeds_or_games():
+    with pytest.raises(ValueError, match="same training seeds"):
+        seed_game_gain({0: {"a": 1.0}}, {1: {"a": 1.0}})
+    with pytest.raises(ValueError, match="same games"):
+        seed_game_gain({0: {"a": 1.0}, 1: {"b": 1.0}}, {0: {"a": 1.0}, 1: {"b": 1.0}})

@@ -41,17 +41,19 @@ def test_the_toy_declaration_is_what_the_toy_env_serves():
 def test_alfworld_declares_the_generated_splits_its_config_makes():
     from env_server.envs.alfworld.env import AlfWorldConfig
 
-    assert GENERATED_SPLITS == set(AlfWorldConfig().generated_splits())
+    assert GENERATED_SPLITS == set(AlfWorldConfig(gen_val_games=10).generated_splits())
+    assert set(AlfWorldConfig().generated_splits()) == GENERATED_SPLITS - {"gen_val"}   # gen_val only when asked
     assert registry.offline_splits("alfworld").data_splits == OFFICIAL_SPLITS
 
 
 def test_a_local_alfworld_server_without_data_serves_the_generated_splits(tmp_path, monkeypatch):
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
-    assert registry.offline_splits("alfworld").served_by({}) == GENERATED_SPLITS
+    assert registry.offline_splits("alfworld").served_by({}) == GENERATED_SPLITS - {"gen_val"}
+    assert registry.offline_splits("alfworld").served_by({"gen_val_games": 5}) == GENERATED_SPLITS
     (tmp_path / "json_2.1.1" / "valid_seen").mkdir(parents=True)
     assert registry.offline_splits("alfworld").served_by({"data_dir": str(tmp_path)}) == {"valid_seen"}
     assert registry.offline_splits("alfworld").served_by({"data_dir": str(tmp_path), "generated": True}) == (
-        GENERATED_SPLITS | {"valid_seen"})
+        GENERATED_SPLITS - {"gen_val"} | {"valid_seen"})
 
 
 def test_a_missing_data_split_is_refused_with_the_envs_hint(monkeypatch):

@@ -48,7 +48,7 @@ DATASET = Dataset(
 # The official release's splits (the three hashed above, and train) and the generated ones
 # (AlfWorldConfig.generated_splits), which a server serves when it has no official data.
 OFFICIAL_SPLITS = frozenset({"train", *DATASET.split_digests})
-GENERATED_SPLITS = frozenset({"gen_train", "gen_test"})
+GENERATED_SPLITS = frozenset({"gen_train", "gen_test", "gen_val"})
 
 
 def served_splits(options: Mapping[str, Any]) -> set[str]:

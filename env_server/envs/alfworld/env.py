@@ -29,13 +29,17 @@ class AlfWorldConfig:
     data_dir: str | None = None
     """Folder holding json_2.1.1/<split>/ (the official layout); None reads ALFWORLD_DATA."""
     generated: bool | None = None
-    """Serve the generated splits gen_train and gen_test; None serves them only when there is no data."""
+    """Serve the generated splits (gen_train, gen_test and gen_val when asked for); None serves them only when there
+    is no data."""
     size: str = "small"
     """Generated game size: one of generate.SIZES (small, medium, full)."""
     gen_train_games: int = 240
     gen_test_games: int = 60
+    gen_val_games: int = 0
+    """Games of gen_val, the split tuning looks at (gen_test stays for the final runs); 0 serves no gen_val, which
+    keeps the cache folder of configs made before it existed."""
     gen_seed: int = 0
-    """Seed of gen_train; gen_test uses gen_seed + 1."""
+    """Seed of gen_train; gen_test uses gen_seed + 1 and gen_val gen_seed + 2."""
     cache_dir: str | None = None
     """Where generated splits live; None: $LIMEN_CACHE/alfworld, else ~/.cache/limen/alfworld."""
 
@@ -44,6 +48,8 @@ class AlfWorldConfig:
             raise ValueError(f"size must be one of {sorted(generate.SIZES)}, got {self.size!r}")
         if self.gen_train_games < 1 or self.gen_test_games < 1:
             raise ValueError("gen_train_games and gen_test_games must be >= 1")
+        if self.gen_val_games < 0:
+            raise ValueError(f"gen_val_games must be >= 0, got {self.gen_val_games}")
 
     def official_root(self) -> Path | None:
         data_dir = self.data_dir if self.data_dir is not None else os.environ.get("ALFWORLD_DATA", "")
@@ -53,10 +59,13 @@ class AlfWorldConfig:
         return self.generated if self.generated is not None else self.official_root() is None
 
     def generated_splits(self) -> dict[str, generate.SplitSpec]:
-        return {
+        splits = {
             "gen_train": generate.SplitSpec(self.gen_train_games, self.gen_seed, self.size),
             "gen_test": generate.SplitSpec(self.gen_test_games, self.gen_seed + 1, self.size),
         }
+        if self.gen_val_games:
+            splits["gen_val"] = generate.SplitSpec(self.gen_val_games, self.gen_seed + 2, self.size)
+        return splits
 
     def split_names(self) -> set[str]:
         """The splits an env with this config serves, told from folder names alone (no game read or generated)."""

@@ -222,6 +222,19 @@ def _generated_root(cache_root: Path, splits: tuple[tuple[str, SplitSpec], ...])
     return root
 
 
+def room_fingerprint(game_file: Path) -> str:
+    """A digest of what a game is (its room, objects, start and goal) without its trial name: two splits made with
+    different seeds could still draw one room twice, and this is what tells."""
+    problem = json.loads(game_file.read_text())["pddl_problem"]
+    body = problem.split("\n", 2)[2] if problem.startswith("\n(define (problem ") else problem
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def split_fingerprints(root: Path, split: str) -> dict[str, str]:
+    """{fingerprint: trial id} of every game of a split under a data root."""
+    return {room_fingerprint(game): game.parent.name for game in sorted((root / SPLIT_ROOT / split).glob(f"*/*/{GAME_FILE}"))}
+
+
 def generation_workers() -> int:
     """Processes that generate a split: the CPUs this process may use, at most 8."""
     return min(8, len(os.sched_getaffinity(0)))
