@@ -178,7 +178,7 @@ def plot_gains(comparisons: Mapping[str, Mapping], path: Path) -> Path | None:
         ax.scatter([100 * d for d in c["per_seed"].values()], [y] * len(c["per_seed"]), marker="|", s=200, color="k")
     ax.axvline(0, color="gray", linewidth=1)
     ax.set_yticks(range(len(rows)), [name for name, _ in rows])
-    ax.set_xlabel("paired gain, points (thick: seeds then games resampled; thin: games only; ticks: per seed)")
+    ax.set_xlabel("paired gain, points\n(thick: 95 % CI, seeds then games resampled; thin: games only; |: each seed)")
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

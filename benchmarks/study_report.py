@@ -168,7 +168,9 @@ def tuning_table(tuning: Mapping) -> str:
 
 
 def iteration_seconds(results: StudyResults, stage: str = "iteration") -> dict[str, list[float]]:
-    return {arm: [r["time_per_iteration"][stage] for r in by_seed.values() if r["time_per_iteration"]]
+    # A stage added after a run was timed (trunk) is absent from its results: left out, not counted as 0.
+    return {arm: [r["time_per_iteration"][stage] for r in by_seed.values()
+                  if r["time_per_iteration"] and stage in r["time_per_iteration"]]
             for arm, by_seed in results.runs.items()}
 
 
@@ -278,7 +280,7 @@ def render_results(results: StudyResults, summary: Mapping, command: str, interp
     out += ["## Setting", "", *setting_lines(results), "",
             f"## The answer, on `{primary}`", "",
             "Every comparison is paired: the same games, eval seeds and training seeds (each arm starts from its "
-            "seed's SFT checkpoint). Intervals are 95 % bootstrap intervals over games; " + summary["pooling"], ""]
+            "seed's SFT checkpoint). Intervals are 95 % bootstrap intervals: " + summary["pooling"], ""]
     out += [f"- {line}" for line in answer_lines(summary)]
     drawn = any(c.get("seed_ci95") for c in summary["comparisons"].values())
     out += ["", f"![paired gains]({GAINS_PNG})" if drawn else "", "",
