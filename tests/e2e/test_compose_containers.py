@@ -32,7 +32,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-pytestmark = pytest.mark.docker
+# The first test builds both images (`scripts/containers.sh images`, up to its own 3600 s): on a clean machine with no
+# cached layers that alone takes longer than the suite's default 300 s per test.
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(5400)]
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = "limen-compose-test"
