@@ -208,13 +208,15 @@ bench: $(STAMP)
 # The learning study -> docs/RESULTS.md (resumable: finished runs are skipped). `make study-estimate` prints the
 # projected time first; `make study-smoke` is the CI-sized configuration (1 seed, 2 iterations, toy env).
 STUDY_CONFIG ?= configs/study.yaml
+STUDY_ARGS ?=
 .PHONY: study study-estimate study-smoke study-tune
 study: $(STAMP)
-	$(PY) benchmarks/learning_study.py --config $(STUDY_CONFIG)
+	$(PY) benchmarks/learning_study.py --config $(STUDY_CONFIG) $(STUDY_ARGS)
 
 # Tuning the core arms on gen_val (same runs per arm; tuning.json), before the final runs take the chosen settings.
+# STUDY_ARGS=--commit commits each finished part.
 study-tune: $(STAMP)
-	$(PY) benchmarks/learning_study.py --config $(STUDY_CONFIG) --tune
+	$(PY) benchmarks/learning_study.py --config $(STUDY_CONFIG) --tune $(STUDY_ARGS)
 
 study-estimate: $(STAMP)
 	$(PY) benchmarks/learning_study.py --config $(STUDY_CONFIG) --estimate
