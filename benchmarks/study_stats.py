@@ -49,10 +49,13 @@ def read_results(cfg: StudyConfig) -> StudyResults:
         path = seed_dir(cfg, seed) / "sft.json"
         if path.is_file():
             sft[seed] = json.loads(path.read_text())
-        for arm in cfg.arms:
+        for arm, overrides in cfg.arms.items():
             run_dir = seed_dir(cfg, seed) / arm
             if (run_dir / "results.json").is_file():
-                runs.setdefault(arm, {})[seed] = json.loads((run_dir / "results.json").read_text())
+                result = json.loads((run_dir / "results.json").read_text())
+                if result.get("overrides", list(overrides)) != list(overrides):
+                    continue   # made with the arm's earlier settings: rerun by the study, never mixed in
+                runs.setdefault(arm, {})[seed] = result
                 curves.setdefault(arm, []).append(read_run(str(run_dir))[1])
     return StudyResults(cfg, sft, runs, curves)
 

@@ -166,3 +166,12 @@ def test_equal_time_reads_the_checkpoint_each_arm_had_reached_when_boundary_fini
     summary = study_stats.equal_time_summary(runs)
     assert summary["ppo_critic_turn"]["success"] == 0.5 and summary["ppo_critic_turn"]["boundary_success"] == 0.75
     assert summary["ppo_critic_turn"]["boundary_lead"] == 0.25 and summary["grpo"]["boundary_lead"] == 0.25
+
+
+def test_runs_made_with_an_arms_earlier_settings_are_not_mixed_into_the_summary(tuned, tmp_path):
+    out, record = tuned
+    cfg = study_config.StudyConfig(env="toy", train_split="train", eval_splits=("test",), seeds=(0,), out_dir=str(out),
+                                   arm_overrides={arm: list(point) for arm, point in record["chosen"].items()})
+    assert set(study_stats.read_results(cfg).runs) >= {"boundary", "ppo_critic_turn"}
+    untuned = study_config.StudyConfig(env="toy", train_split="train", eval_splits=("test",), seeds=(0,), out_dir=str(out))
+    assert not study_stats.read_results(untuned).runs   # every arm's run has a tuned setting the untuned study lacks
