@@ -284,9 +284,12 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
                 if cfg.timing_every and len(timings) % cfg.timing_every == 0:
                     print_breakdown(progress.console, timings[-cfg.timing_every:],
                                     f"{cfg.algo}: runtime of iterations {iteration + 1 - cfg.timing_every}-{iteration}")
-                progress.update(bar, advance=1, status=(
-                    f"success {metrics['rollout/success']:.2f}  valid {metrics['rollout/valid_action_ratio']:.2f}  "
-                    f"{metrics['time/iteration']:.1f}s/it"))
+                status = (f"success {metrics['rollout/success']:.2f}  valid {metrics['rollout/valid_action_ratio']:.2f}  "
+                          f"{metrics['time/iteration']:.1f}s/it")
+                progress.update(bar, advance=1, status=status)
+                if not progress.console.is_terminal:   # a log file: a bar is drawn only at the end, so say each one
+                    progress.console.print(f"iteration {iteration + 1}/{cfg.iterations}: {status}", markup=False,
+                                           highlight=False)
     if timings:
         print_breakdown(console, timings, f"{cfg.algo}: mean runtime per iteration over {len(timings)} iteration(s)")
     return run_dir

@@ -94,6 +94,8 @@ def test_one_iteration_of_each_kind(name, toy_model, toy_server, tmp_path):
     assert [(s["iteration"], s["torch_threads"]) for s in starts] == [(0, torch.get_num_threads())]
     # The runtime breakdown, printed after the iteration and for the whole run, the same rows for all.
     assert printed.count("runtime of iterations 0-0") == 1 and "mean runtime per iteration over 1" in printed
+    # Printed to a file, not a terminal: each iteration also gets a plain line (a log shows progress as it goes).
+    assert f"iteration 1/1: success {rows[0]['rollout/success']:.2f}" in printed
     assert all(f"\n{stage} " in printed for stage in (*ITERATION_STAGES, "iteration"))
 
 
