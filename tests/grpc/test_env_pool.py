@@ -303,6 +303,29 @@ async def test_servers_on_different_versions_are_not_mixed():
             assert pool.versions == {"versioned": episodes[0].first.version}
 
 
+async def test_a_name_that_resolves_late_is_waited_for_at_start_and_one_that_never_does_fails():
+    """A trainer container started beside its pools can ask DNS before the network's resolver knows them."""
+    async with serve(server_config("toy")) as running:
+        asked = []
+
+        async def late(host, port):
+            asked.append(host)
+            return [running.address] if len(asked) > 3 else []
+
+        async with EnvPool(["dns:///envs.test:1"], lookup=late, **QUICK) as pool:
+            assert len(asked) == 4 and list(pool.servers) == [running.address]
+            await play_expert(await pool.open("toy", "train", "fetch-001"))
+
+        async def never(host, port):
+            return []
+
+        started = time.monotonic()
+        with pytest.raises(NoServerAvailable, match=r"no address resolves from dns:///envs.test:1 \(asked for 0.3 s\)"):
+            async with EnvPool(["dns:///envs.test:1"], lookup=never, start_resolve_s=0.3, **QUICK):
+                pass
+        assert 0.3 <= time.monotonic() - started < 5
+
+
 async def test_bearer_token_is_sent_and_a_wrong_one_refused():
     async with serve(server_config("toy", auth_token="s3cret")) as running:
         for token in (None, "wrong"):

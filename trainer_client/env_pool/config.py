@@ -31,6 +31,9 @@ class PoolConfig:
     replay_attempts: int = 3
     load_poll_interval_s: float = 1.0
     resolve_interval_s: float = 30.0
+    # How long start() keeps asking DNS when no name resolves yet: a container or pod that was just started (a
+    # compose `run` beside its pools, a Kubernetes Job) can ask before the network's resolver knows its peers.
+    start_resolve_s: float = 30.0
     allow_mixed_versions: bool = False
     # A server restarted on its address is dialed again within this long (gRPC's own default backs off to 120 s).
     max_reconnect_backoff_s: float = 5.0
@@ -48,7 +51,7 @@ class PoolConfig:
         if self.transport not in ("stream", "unary"):
             raise ValueError(f"transport must be 'stream' or 'unary', got {self.transport!r}")
         positive = ("reset_timeout_s", "step_timeout_s", "query_timeout_s", "episode_timeout_s",
-                    "load_poll_interval_s", "resolve_interval_s", "keepalive_time_s", "keepalive_timeout_s",
+                    "load_poll_interval_s", "resolve_interval_s", "start_resolve_s", "keepalive_time_s", "keepalive_timeout_s",
                     "retry_initial_backoff_s", "retry_max_backoff_s", "retry_attempts", "placement_rounds",
                     "max_message_bytes", "max_reconnect_backoff_s")
         for name in positive:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -57,8 +58,14 @@ class EnvPool:
     async def start(self) -> None:
         """Resolve the targets and poll every server once; then keep both fresh in the background."""
         await self._servers.refresh()
+        deadline, wait = time.monotonic() + self.config.start_resolve_s, self.config.retry_initial_backoff_s
+        while not len(self._servers) and time.monotonic() < deadline:
+            await asyncio.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+            wait = min(2 * wait, self.config.retry_max_backoff_s)
+            await self._servers.refresh()
         if not len(self._servers):
-            raise NoServerAvailable(f"no address resolves from {', '.join(map(str, self._servers.targets))}")
+            raise NoServerAvailable(f"no address resolves from {', '.join(map(str, self._servers.targets))} "
+                                    f"(asked for {self.config.start_resolve_s:g} s)")
         refused = self._servers.refusing_our_credentials()
         if refused:
             raise Unauthenticated("servers refuse our credentials: " + "; ".join(refused))
