@@ -13,7 +13,7 @@ VERSION=${LIMEN_VERSION:-0.1.0}
 OFFICIAL_BASE=python:3.11-slim-bookworm
 LOCAL_BASE=localhost/limen-python:3.11-bookworm
 CACHE=.cache/containers  # git- and docker-ignored: the base rootfs tarball and the torch wheel live here
-PODMAN_PACKAGES=(podman runc catatonit uidmap slirp4netns fuse-overlayfs)
+PODMAN_PACKAGES=(podman runc catatonit uidmap slirp4netns fuse-overlayfs netavark aardvark-dns)
 
 log() { echo "containers: $*" >&2; }
 
@@ -30,8 +30,18 @@ engine() {
     echo docker
     return
   fi
-  if ! command -v podman >/dev/null && ! apt_install "${PODMAN_PACKAGES[@]}"; then
+  # What of podman's set is missing (a preinstalled podman may lack netavark and aardvark-dns, without which
+  # containers resolve no service names); where it cannot be installed, a podman already here still runs.
+  local missing=() package
+  for package in "${PODMAN_PACKAGES[@]}"; do
+    command -v dpkg >/dev/null && ! dpkg -s "$package" >/dev/null 2>&1 && missing+=("$package")
+  done
+  if [ ${#missing[@]} -gt 0 ] && ! apt_install "${missing[@]}" && ! command -v podman >/dev/null; then
     log "no container engine: docker answers not, podman is missing, and it cannot be installed (needs root and apt-get)"
+    return 3
+  fi
+  if ! command -v podman >/dev/null; then
+    log "no container engine: docker answers not and podman is missing"
     return 3
   fi
   if ! podman info >/dev/null 2>&1; then
