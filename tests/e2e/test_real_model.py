@@ -73,10 +73,11 @@ def test_a_smaller_real_model_check_prints_its_line(tmp_path):
 @pytest.mark.skipif(not os.environ.get("ALFWORLD_DATA"), reason="needs the official ALFWorld games (ALFWORLD_DATA)")
 def test_the_real_model_run_goes_on_from_its_carry_on_a_fresh_machine(tmp_path):
     """`make real-model` in miniature (2 expert games, 2 eval games per split, 3 turns, RL of 2 episodes): every
-    stage runs; then the run folder is deleted, as a new session's machine lacks it, and the run, given one more RL
-    iteration, takes up the SFT start and RL checkpoint from the measurements' carry instead of training again."""
-    measured = tmp_path / "measured"
-    small = [f"out_dir={tmp_path / 'run'}", f"measurements_dir={measured}", "sft.episodes=2", "eval_games=2",
+    stage runs; then the run folder is deleted, as a new machine lacks it, and the run, given one more RL iteration,
+    takes up the SFT start and RL checkpoint from carry_dir instead of training again."""
+    measured, carry = tmp_path / "measured", tmp_path / "carry"
+    small = [f"out_dir={tmp_path / 'run'}", f"measurements_dir={measured}", f"carry_dir={carry}", "sft.episodes=2",
+             "eval_games=2",
              "eval_seeds=[0]", "eval_max_turns=3", "curve_games=2", "prompting_styles=[zero-shot]",
              "prompting_max_new_tokens=24", "carry_every=1"]
     rl = ["episodes_per_iteration=2", "save_every=1", "timing_every=0", "rollout.max_turns=3"]
@@ -90,8 +91,8 @@ def test_the_real_model_run_goes_on_from_its_carry_on_a_fresh_machine(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     stages = json.loads((measured / "stages.json").read_text())
     assert all(stages[s]["done"] for s in ("expert", "sft", "eval_sft", "rl", "eval_rl", "curve", "prompting"))
-    assert json.loads((measured / "carry" / "rl" / "checkpoint.json").read_text())["iteration"] == 0
-    assert (measured / "carry" / "sft" / "delta.safetensors").stat().st_size < 80e6   # 8 layers in bf16, not 540 MB
+    assert json.loads((carry / "rl" / "checkpoint.json").read_text())["iteration"] == 0
+    assert (carry / "sft" / "delta.safetensors").stat().st_size < 80e6   # 8 layers in bf16, not 540 MB
 
     import shutil
     shutil.rmtree(tmp_path / "run")
