@@ -148,6 +148,6 @@ def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, tim
             learner.policy, learner.optimizer, samples, targets, cfg.loss, epochs=cfg.optim.epochs,
             mini_batch_turns=cfg.optim.mini_batch_turns, micro_batch_tokens=tokens,
             grad_clip=cfg.optim.grad_clip, pad_id=learner.pad, value_grad_clip=cfg.optim.value_grad_clip,
-            temperature=cfg.rollout.temperature,
+            temperature=cfg.rollout.temperature, target_kl=cfg.optim.target_kl,
             measure_gradient_sources=bool(cfg.optim.grad_sources_every) and iteration % cfg.optim.grad_sources_every == 0)
     return metrics

@@ -79,6 +79,9 @@ class OptimConfig:
     epochs: int = 1
     mini_batch_turns: int = 256
     micro_batch_tokens: int = 16384
+    target_kl: float = 0.0
+    """End an iteration's PPO epochs before the first mini-batch whose approx KL to the sampling policy is past
+    1.5 x this (update.past_target_kl); 0: every epoch runs. It stops the blow-ups of a many-step update."""
 
 
 @dataclass(frozen=True)

@@ -131,12 +131,20 @@ def gradient_sources(losses: dict[str, Tensor], parameters: Sequence[Tensor]) ->
     return norms
 
 
+def past_target_kl(approx_kl: float, target_kl: float) -> bool:
+    """Whether a mini-batch has moved the policy too far from the one that sampled to step on it (the 1.5 x
+    target margin is SB3's and CleanRL's). target_kl 0: never."""
+    return target_kl > 0 and approx_kl > 1.5 * target_kl
+
+
 def ppo_policy_update(policy, optimizer: torch.optim.Optimizer, samples: Sequence[TurnSample],
                       targets: UpdateTargets, loss_cfg: LossConfig, *, epochs: int, mini_batch_turns: int,
                       micro_batch_tokens: int, grad_clip: float, pad_id: int, value_grad_clip: float = 1.0,
-                      temperature: float = 1.0, measure_gradient_sources: bool = False) -> dict[str, float]:
+                      temperature: float = 1.0, measure_gradient_sources: bool = False,
+                      target_kl: float = 0.0) -> dict[str, float]:
     """The actor's PPO epochs; with the boundary readout, V (and Q, when the advantage reads it) learn in
-    the same backward pass.
+    the same backward pass. With `target_kl`, the epochs end before the first mini-batch whose approx KL to
+    the sampling policy is past it (past_target_kl): that mini-batch does not step.
 
     The backbone and the two value rows are clipped apart: one joint clip would let the value error,
     whose gradient dwarfs the policy's at the start, shrink the policy step by a varying factor. With
@@ -148,10 +156,11 @@ def ppo_policy_update(policy, optimizer: torch.optim.Optimizer, samples: Sequenc
     backbone, value_rows = clip_groups(optimizer)
     measure = measure_gradient_sources   # on the first micro-batch this rank really computes, then off
     metrics: dict[str, list[float]] = defaultdict(list)
+    steps = 0
     policy.train()
     for mini, micro in optimizer_steps(optimizer, samples, epoch_batches(len(samples), mini_batch_turns, epochs),
                                        micro_batch_tokens):
-        total = 0.0
+        total, kl_sum, kl_turns = 0.0, 0.0, 0
         for idx, share in micro:
             out = policy(TokenBatch.from_samples([samples[i] for i in idx.tolist()], pad_id), temperature,
                          detach_readout=not loss_cfg.value_backbone_grad)
@@ -190,10 +199,16 @@ def ppo_policy_update(policy, optimizer: torch.optim.Optimizer, samples: Sequenc
             _accumulate(metrics, "policy/entropy", actor.entropy)
             _accumulate(metrics, "policy/clip_fraction", actor.clip_fraction)
             _accumulate(metrics, "policy/approx_kl", actor.approx_kl)
+            kl_sum, kl_turns = kl_sum + float(actor.approx_kl) * len(idx), kl_turns + len(idx)
+        if target_kl and past_target_kl(mean_metrics({"kl": kl_sum / max(1, kl_turns)})["kl"], target_kl):
+            optimizer.zero_grad(set_to_none=True)   # leaving the loop here: this mini-batch does not step
+            break
+        steps += 1
         _accumulate(metrics, "loss/total", total)  # the mini-batch's loss (summed over ranks: see mean_metrics)
         _accumulate(metrics, "policy/grad_norm", torch.nn.utils.clip_grad_norm_(backbone, grad_clip))
         if learn_values and value_rows:
             _accumulate(metrics, "values/grad_norm", torch.nn.utils.clip_grad_norm_(value_rows, value_grad_clip))
+    metrics["policy/update_steps"] = [steps]
     return mean_metrics({k: sum(v) / len(v) for k, v in metrics.items()})
 
 

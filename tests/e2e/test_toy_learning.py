@@ -14,7 +14,8 @@ Training success (T = 1) rose from ~0.17 to ~0.3 with no collapse of the reply f
 0.009-0.017 per iteration, value EV up to ~0.6). At 30 iterations the gains were +0.09 and +0.025.
 
 Measured paired (OMP_NUM_THREADS=1, the two seeds side by side, ~23 min each): seed 0 +0.131 [+0.044, +0.219],
-seed 1 +0.188 [+0.088, +0.294]. With value clipping at 0.05 (the default for a while), seed 0 gained -0.013 and
+seed 1 +0.188 [+0.088, +0.294]. On a later machine (Xeon with AVX-512 BF16/AMX, 2026-12-06) the same commit's seed 0
+gained +0.044 and today's +0.056, below the bar: the gain is a wide draw, and some runs blow up (see target_kl). With value clipping at 0.05 (the default for a while), seed 0 gained -0.013 and
 +0.044 [-0.025, +0.106] in two runs: that is why loss.value_clip is off by default. Same-seed runs are identical
 at the same thread count; at another they part after ~20 iterations (float reduction order).
 """
@@ -72,6 +73,11 @@ class ToyLearning:
     # Chosen on toy-1, where ~9% of episodes were won by any reply and replies collapsed to junk at the
     # default 0.01 (lr 3e-4). toy-2 removed those free wins; 0.01 was not re-measured since.
     format_penalty: float = 0.5
+    # 0.02 was the best of four settings tried on the valid split (+0.094 on seed 0) but did not carry to the test
+    # tasks: +0.062 on seed 0, and seed 1 collapsed to no valid reply at iteration 27 (docs/measurements/
+    # toy_learning_settings.json). Off, as before.
+    target_kl: float = 0.0
+    eval_split: str = "test"         # "valid" when choosing settings, so that test is looked at last
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,8 @@ def rl_config(setting: ToyLearning, model: Path, run_dir: Path, server: str, see
         f"prompt.format_penalty={setting.format_penalty}",
         f"loss.kl_coef={setting.kl_coef}", f"loss.value_coef={setting.value_coef}", f"optim.lr={setting.lr}",
         f"optim.value_lr={setting.value_lr}", f"optim.mini_batch_turns={setting.mini_batch_turns}",
-        f"optim.epochs={setting.epochs}", f"optim.adam_eps={setting.adam_eps}"])
+        f"optim.epochs={setting.epochs}", f"optim.adam_eps={setting.adam_eps}",
+        f"optim.target_kl={setting.target_kl}"])
 
 
 async def held_out(pool: EnvPool, checkpoint: Path, cfg: TrainConfig, setting: ToyLearning) -> dict:
@@ -102,12 +109,12 @@ async def held_out(pool: EnvPool, checkpoint: Path, cfg: TrainConfig, setting: T
     temperature: a function of the weights, so before and after compare paired."""
     policy = Policy.load(checkpoint)
     backend = TransformersBackend.from_policy(policy)
-    task_ids = sorted(await pool.list_tasks("toy", "test"))
+    task_ids = sorted(await pool.list_tasks("toy", setting.eval_split))
     rollout = dataclasses.replace(cfg.rollout, temperature=TrainConfig.eval_temperature)
     results = []
     for seed in setting.eval_seeds:
         torch.manual_seed(seed)
-        results.append(await evaluate(pool, backend, policy.tokenizer, "toy", "test", task_ids, rollout, cfg.prompt,
+        results.append(await evaluate(pool, backend, policy.tokenizer, "toy", setting.eval_split, task_ids, rollout, cfg.prompt,
                                       seed=seed))
     assert all(r.dropped == 0 for r in results)
     return paired.outcome_values(results)
@@ -149,10 +156,19 @@ async def learning_run(setting: ToyLearning, seed: int, out: Path) -> LearningRe
                           tuple(round(r["rollout/valid_action_ratio"], 3) for r in rows), seconds)
 
 
+@pytest.fixture
+def one_thread():
+    """Same-seed runs match only at the same thread count: one thread, so every machine runs the measured run."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_boundary_rl_raises_held_out_success(seed, tmp_path):
+def test_boundary_rl_raises_held_out_success(seed, tmp_path, one_thread):
     result = asyncio.run(learning_run(ToyLearning(), seed, tmp_path))
     print(f"seed {seed}: {result}")   # shown with -s, and in the failure report below
     assert result.gain.before < 0.5, f"the SFT start leaves too little room to improve: {result}"

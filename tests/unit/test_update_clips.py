@@ -1,5 +1,5 @@
 """The actor update's value handling: separate gradient clips, the detached-readout ablation, the measured
-gradient sources, and a Q that trains only when the advantage reads it.
+gradient sources, and a Q that trains only when the advantage reads it; and the epochs' early stop at target_kl.
 
 Each case runs one real PPO update (SGD, so a weight's change is -lr x its clipped gradient) on toy-env turns.
 """
@@ -15,14 +15,14 @@ from policy_fixtures import micro_checkpoint, turn_samples  # noqa: F401  (fixtu
 from trainer_client.algorithms import LossConfig
 from trainer_client.readout import policy_readout
 from trainer_client.policy import Policy
-from trainer_client.update import UpdateTargets, ppo_policy_update
+from trainer_client.update import UpdateTargets, past_target_kl, ppo_policy_update
 
 N = 8
 
 
 def one_update(checkpoint, returns: float, *, grad_clip: float, value_grad_clip: float = 1e9,
                loss_cfg: LossConfig = LossConfig(kl_coef=0.0, entropy_coef=0.0), q_returns: float | None = None,
-               measure: bool = False):
+               measure: bool = False, epochs: int = 1, mini_batch_turns: int = N, target_kl: float = 0.0):
     """(backbone weights before, after, value rows before, after, metrics) of one update whose V targets
     are all `returns` (the rows start at 0, so a large target means a large value error)."""
     torch.manual_seed(0)
@@ -40,9 +40,10 @@ def one_update(checkpoint, returns: float, *, grad_clip: float, value_grad_clip:
     rows_before = policy.value_rows.detach().clone()
     optimizer = torch.optim.SGD(policy.parameter_groups(1.0, 1.0), lr=1.0)
     torch.manual_seed(2)
-    metrics = ppo_policy_update(policy, optimizer, samples, targets, loss_cfg, epochs=1, mini_batch_turns=N,
-                                micro_batch_tokens=4096, grad_clip=grad_clip, value_grad_clip=value_grad_clip,
-                                pad_id=policy.tokenizer.pad_token_id, measure_gradient_sources=measure)
+    metrics = ppo_policy_update(policy, optimizer, samples, targets, loss_cfg, epochs=epochs,
+                                mini_batch_turns=mini_batch_turns, micro_batch_tokens=4096, grad_clip=grad_clip,
+                                value_grad_clip=value_grad_clip, pad_id=policy.tokenizer.pad_token_id,
+                                measure_gradient_sources=measure, target_kl=target_kl)
     after = [p.detach().clone() for p in policy.model.parameters()]
     return before, after, rows_before, policy.value_rows.detach().clone(), metrics
 
@@ -104,3 +105,21 @@ def test_value_loss_reaches_the_backbone_unless_the_readout_is_detached(micro_ch
     assert shared["grad/backbone_from_value_loss"] > 0
     assert detached["grad/backbone_from_value_loss"] == 0.0
     assert detached["grad/backbone_from_policy_loss"] == pytest.approx(shared["grad/backbone_from_policy_loss"])
+
+
+def test_target_kl_is_passed_at_one_and_a_half_times_it():
+    assert past_target_kl(0.031, 0.02) and not past_target_kl(0.029, 0.02)
+    assert not past_target_kl(100.0, 0.0)   # 0: off
+
+
+def test_target_kl_ends_the_epochs_before_the_first_step_past_it(micro_checkpoint):  # noqa: F811
+    """4 epochs of 2-turn mini-batches are 16 steps. The first mini-batch is scored by the policy that sampled
+    (KL 0) and steps; a step of SGD at lr 1 moves the policy past any small target, so the update ends there,
+    and its weights are those of one step."""
+    full = one_update(micro_checkpoint, 0.0, grad_clip=1.0, epochs=4, mini_batch_turns=2)
+    assert full[4]["policy/update_steps"] == 16
+    stopped = one_update(micro_checkpoint, 0.0, grad_clip=1.0, epochs=4, mini_batch_turns=2, target_kl=1e-4)
+    assert stopped[4]["policy/update_steps"] == 1 and stopped[4]["policy/approx_kl"] > 1.5e-4
+    one_step = one_update(micro_checkpoint, 0.0, grad_clip=1.0, epochs=1, mini_batch_turns=2, target_kl=1e-4)
+    for a, b in zip(stopped[1], one_step[1]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
