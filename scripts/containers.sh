@@ -13,7 +13,9 @@ VERSION=${LIMEN_VERSION:-0.1.0}
 OFFICIAL_BASE=python:3.11-slim-bookworm
 LOCAL_BASE=localhost/limen-python:3.11-bookworm
 CACHE=.cache/containers  # git- and docker-ignored: the base rootfs tarball and the torch wheel live here
-PODMAN_PACKAGES=(podman runc catatonit uidmap slirp4netns fuse-overlayfs netavark aardvark-dns)
+# netavark runs iptables to wire each network, yet no package of the set depends on it: without it every container
+# with a network fails "netavark: No such file or directory (os error 2)" (a fresh machine here, 2026-12-06).
+PODMAN_PACKAGES=(podman runc catatonit uidmap slirp4netns fuse-overlayfs netavark aardvark-dns iptables)
 
 log() { echo "containers: $*" >&2; }
 
@@ -30,8 +32,9 @@ engine() {
     echo docker
     return
   fi
-  # What of podman's set is missing (a preinstalled podman may lack netavark and aardvark-dns, without which
-  # containers resolve no service names); where it cannot be installed, a podman already here still runs.
+  # What of podman's set is missing (a preinstalled podman may lack netavark, aardvark-dns and iptables, without
+  # which containers get no network or resolve no service names); where it cannot be installed, a podman already
+  # here still runs.
   local missing=() package
   for package in "${PODMAN_PACKAGES[@]}"; do
     command -v dpkg >/dev/null && ! dpkg -s "$package" >/dev/null 2>&1 && missing+=("$package")
