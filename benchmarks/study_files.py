@@ -6,7 +6,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from study_config import StudyConfig, seed_dir, stale_settings
+from study_config import CORE_ARMS, EXTENDED_ARMS, StudyConfig, seed_dir, stale_settings
+
+ALL_ARMS = {*CORE_ARMS, *EXTENDED_ARMS}
 
 
 def study_files(cfg: StudyConfig, root: Path) -> list[Path]:
@@ -26,14 +28,20 @@ def study_files(cfg: StudyConfig, root: Path) -> list[Path]:
 
 
 def export_measurements(cfg: StudyConfig) -> Path:
-    """Copy the study's files (study_files) into measurements_dir, replacing the seed folders there, so that
-    what is committed is exactly the study in out_dir."""
+    """Copy the study's files (study_files) into measurements_dir, replacing what is there of the parts this config
+    runs, so that what is committed of them is exactly the study in out_dir. A part it does not run (an arm of
+    `extended` when that is off, a seed left out) keeps its committed results: replacing whole seed folders once
+    wiped the extended arms' results when a tuning run published with `extended: false`."""
     out, target = Path(cfg.out_dir), Path(cfg.measurements_dir)
     target.mkdir(parents=True, exist_ok=True)
     if out.resolve() == target.resolve():
         return target
-    for old in target.glob("seed_*"):
-        shutil.rmtree(old)
+    runs_seeds = {seed_dir(cfg, seed).name for seed in cfg.seeds}
+    for old in (folder for folder in target.glob("seed_*") if folder.name in runs_seeds):
+        for part in old.iterdir():
+            if part.name in ALL_ARMS and part.name not in cfg.arms:
+                continue
+            shutil.rmtree(part) if part.is_dir() else part.unlink()
     for path in study_files(cfg, out):
         (target / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(out / path, target / path)

@@ -257,6 +257,23 @@ def test_a_committed_study_with_other_settings_is_not_restored(tmp_path):
     assert (out / "seed_0" / "sft.json").read_text() == "{}"
 
 
+def test_publishing_keeps_committed_parts_this_config_does_not_run(tmp_path):
+    """A tuning run published with `extended: false` once deleted the committed extended arms: export copies over
+    and deletes nothing."""
+    cfg = config.load(study_config.StudyConfig, SMOKE)
+    out, committed = tmp_path / "out", tmp_path / "measurements"
+    cfg = dataclasses.replace(cfg, out_dir=str(out), measurements_dir=str(committed), extended=False)
+    arm = sorted(cfg.arms)[0]
+    for root, name, text in ((committed, "rloo", "kept"), (committed, arm, "old"), (out, arm, "new")):
+        for file in ("results.json", "metrics.jsonl", "config.yaml"):
+            (root / "seed_0" / name).mkdir(parents=True, exist_ok=True)
+            (root / "seed_0" / name / file).write_text(text)
+    assert "rloo" not in cfg.arms
+    study_files.export_measurements(cfg)
+    assert (committed / "seed_0" / "rloo" / "results.json").read_text() == "kept"
+    assert (committed / "seed_0" / arm / "results.json").read_text() == "new"
+
+
 # ---- the pure parts, on made-up results ------------------------------------------------------------------------
 
 def test_paired_gain_pools_seeds_per_game_and_leaves_out_what_one_side_dropped():
