@@ -81,7 +81,8 @@ class OptimConfig:
     micro_batch_tokens: int = 16384
     target_kl: float = 0.0
     """End an iteration's PPO epochs before the first mini-batch whose approx KL to the sampling policy is past
-    1.5 x this (update.past_target_kl); 0: every epoch runs. It stops the blow-ups of a many-step update."""
+    1.5 x this (update.past_target_kl); 0: every epoch runs. Against the blow-ups of a many-step update; what it
+    did on the toy test is in docs/DESIGN.md (not enough there)."""
 
 
 @dataclass(frozen=True)
