@@ -200,6 +200,7 @@ def ppo_policy_update(policy, optimizer: torch.optim.Optimizer, samples: Sequenc
             _accumulate(metrics, "policy/clip_fraction", actor.clip_fraction)
             _accumulate(metrics, "policy/approx_kl", actor.approx_kl)
             kl_sum, kl_turns = kl_sum + float(actor.approx_kl) * len(idx), kl_turns + len(idx)
+        # `target_kl and` first: when it is off, no gather across the ranks per step
         if target_kl and past_target_kl(mean_metrics({"kl": kl_sum / max(1, kl_turns)})["kl"], target_kl):
             optimizer.zero_grad(set_to_none=True)   # leaving the loop here: this mini-batch does not step
             break

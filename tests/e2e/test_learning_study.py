@@ -258,8 +258,8 @@ def test_a_committed_study_with_other_settings_is_not_restored(tmp_path):
 
 
 def test_publishing_keeps_committed_parts_this_config_does_not_run(tmp_path):
-    """A tuning run published with `extended: false` once deleted the committed extended arms: export copies over
-    and deletes nothing."""
+    """A tuning run published with `extended: false` once deleted the committed extended arms: export replaces the
+    arms the config runs and leaves the others as committed."""
     cfg = config.load(study_config.StudyConfig, SMOKE)
     out, committed = tmp_path / "out", tmp_path / "measurements"
     cfg = dataclasses.replace(cfg, out_dir=str(out), measurements_dir=str(committed), extended=False)

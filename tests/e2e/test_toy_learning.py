@@ -15,9 +15,10 @@ Training success (T = 1) rose from ~0.17 to ~0.3 with no collapse of the reply f
 
 Measured paired (OMP_NUM_THREADS=1, the two seeds side by side, ~23 min each): seed 0 +0.131 [+0.044, +0.219],
 seed 1 +0.188 [+0.088, +0.294]. On a later machine (Xeon with AVX-512 BF16/AMX, 2026-12-06) the same commit's seed 0
-gained +0.044 and today's +0.056, below the bar: the gain is a wide draw, and some runs blow up (see target_kl). With value clipping at 0.05 (the default for a while), seed 0 gained -0.013 and
-+0.044 [-0.025, +0.106] in two runs: that is why loss.value_clip is off by default. Same-seed runs are identical
-at the same thread count; at another they part after ~20 iterations (float reduction order).
+gained +0.044 and today's +0.056, below the bar: the gain is a wide draw, and some runs blow up (see target_kl).
+With value clipping at 0.05 (the default for a while), seed 0 gained -0.013 and +0.044 [-0.025, +0.106] in two runs:
+that is why loss.value_clip is off by default. Same-seed runs are identical at the same thread count; at another they
+part after ~20 iterations (float reduction order).
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ async def held_out(pool: EnvPool, checkpoint: Path, cfg: TrainConfig, setting: T
     results = []
     for seed in setting.eval_seeds:
         torch.manual_seed(seed)
-        results.append(await evaluate(pool, backend, policy.tokenizer, "toy", setting.eval_split, task_ids, rollout, cfg.prompt,
-                                      seed=seed))
+        results.append(await evaluate(pool, backend, policy.tokenizer, "toy", setting.eval_split, task_ids, rollout,
+                                      cfg.prompt, seed=seed))
     assert all(r.dropped == 0 for r in results)
     return paired.outcome_values(results)
 
