@@ -79,13 +79,17 @@ class UpdateTargets:
 
 
 def update_targets(batch: TurnBatch, advantages: Advantages, old: Readout, ref: Readout | None,
-                   needs: EstimatorNeeds) -> UpdateTargets:
-    """The estimator's [B, T, ...] outputs in the update's [N, ...] sample layout."""
+                   needs: EstimatorNeeds, actor_skips: Tensor | None = None) -> UpdateTargets:
+    """The estimator's [B, T, ...] outputs in the update's [N, ...] sample layout. actor_skips [N] bool: samples
+    whose tokens the actor's loss leaves out (their V and Q still learn)."""
     mask, width = batch.mask, old.log_probs.shape[1]
     boundary = needs.values is ValueSource.BOUNDARY
+    response_mask = old.response_mask
+    if actor_skips is not None:
+        response_mask = response_mask & ~actor_skips.to(response_mask.device)[:, None]
     return UpdateTargets(
         old_log_probs=old.log_probs,
-        response_mask=old.response_mask,
+        response_mask=response_mask,
         advantages=advantages.advantages[mask][:, :width],
         ref_log_probs=ref.log_probs if ref is not None else None,
         old_values=old.values if boundary else None,

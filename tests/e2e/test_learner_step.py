@@ -132,3 +132,20 @@ def test_adam_eps_reaches_both_optimizers(toy_model):
     learner = load_learner(cfg, get_estimator(cfg.algo).needs(cfg.advantage))
     groups = learner.optimizer.param_groups + learner.critic_optimizer.param_groups
     assert len(groups) >= 3 and all(group["eps"] == 1e-5 for group in groups)
+
+
+@pytest.mark.parametrize("mask,valid", [(False, True), (True, True), (True, False)])
+def test_valid_replies_cut_at_the_length_limit_leave_the_actor_loss_when_masked(mask, valid, bench, toy_model):
+    """Every reply cut at max_new_tokens. With loss.mask_truncated_replies and every action parsed, the actor's loss
+    (PPO, KL, entropy) has no token left, so GRPO (no value loss) leaves every weight exactly as it was. Without
+    the option, or where the cut replies are format-invalid (their penalty must still push back), the policy moves."""
+    cfg = config(toy_model, ["algo=grpo", f"loss.mask_truncated_replies={str(mask).lower()}"])
+    learner = load_learner(cfg, get_estimator(cfg.algo).needs(cfg.advantage))
+    episodes = bench.synthetic_episodes(small_shape(bench), learner.policy.n_policy_tokens, group_size_of(cfg))
+    episodes = [dataclasses.replace(e, turns=[dataclasses.replace(t, truncated_reply=True, valid=valid)
+                                              for t in e.turns]) for e in episodes]
+    start = [p.detach().clone() for p in learner.policy.model.parameters()]
+    metrics = learn(learner, episodes, cfg, Timer())
+    assert metrics["rollout/cut_replies"] == 1.0
+    unchanged = all(a.equal(b) for a, b in zip(start, learner.policy.model.parameters()))
+    assert unchanged == (mask and valid)

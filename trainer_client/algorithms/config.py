@@ -120,6 +120,12 @@ class LossConfig:
     # uses 0.5 on its 10-point reward scale, i.e. 0.05 on ours: the ppo_critic verl arm sets that. Off by
     # default: on the slow toy test (seed 0) the boundary method gained -0.01 with 0.05 and +0.13 without.
     value_clip: float | None = None
+    # Leave format-valid replies cut at rollout.max_new_tokens out of the actor's loss (DAPO's overlong filtering,
+    # Yu et al. 2025, kept to replies whose action was parsed: an invalid one keeps its penalty's push back). Their
+    # tail after the action is noise that a won episode's advantage would teach: on the toy test such replies
+    # (`<action>a</action>b</action>`, no stop) sent the largest per-sample gradients (~70x the median), and the
+    # step after one batch of them made replies run to the cap from then on.
+    mask_truncated_replies: bool = False
 
     def __post_init__(self) -> None:
         _check_literals(self)
