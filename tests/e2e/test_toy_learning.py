@@ -17,7 +17,8 @@ Measured paired (OMP_NUM_THREADS=1, the two seeds side by side, ~23 min each): s
 seed 1 +0.188 [+0.088, +0.294]. On a later machine (Xeon with AVX-512 BF16/AMX, 2026-12-06) the same commit's seed 0
 gained +0.044 and today's +0.056, below the bar: the gain is a wide draw, and some runs blow up (see target_kl and
 mask_truncated_replies). There, with nothing else running (2026-12-07): seed 0 +0.038 [-0.013, +0.088] (fails),
-seed 1 +0.138 [+0.031, +0.244]; 13 runs there with several settings, on both splits, ranged -0.156 to +0.100 (docs/measurements/toy_learning_settings.json).
+seed 1 +0.138 [+0.031, +0.244]; 13 runs there with several settings, on both splits, ranged -0.156 to +0.100
+(docs/measurements/toy_learning_settings.json).
 With value clipping at 0.05 (the default for a while), seed 0 gained -0.013 and +0.044 [-0.025, +0.106] in two runs:
 that is why loss.value_clip is off by default. Same-seed runs at another thread count part after ~20 iterations (float
 reduction order); at the same one they repeated on the first machine, but not beside other work on the later one
