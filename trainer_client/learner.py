@@ -136,8 +136,9 @@ def learn(learner: Learner, episodes: list[EpisodeRecord], cfg: TrainConfig, tim
     with timer("adv"):
         batch = turn_batch(episodes, old, needs, critic_values, last_values, cfg.advantage.anchor_similarity)
         advantages = estimator(batch, cfg.advantage)
-        cut = torch.tensor([t.truncated_reply for e in episodes for t in e.turns], dtype=torch.bool)
-        cut_after_action = cut & torch.tensor([t.valid for e in episodes for t in e.turns], dtype=torch.bool)
+        turns = [t for e in episodes for t in e.turns]   # the samples' order
+        cut = torch.tensor([t.truncated_reply for t in turns], dtype=torch.bool)
+        cut_after_action = cut & torch.tensor([t.valid for t in turns], dtype=torch.bool)
         targets = update_targets(batch, advantages, old, ref, needs,
                                  actor_skips=cut_after_action if cfg.loss.mask_truncated_replies else None)
     metrics = value_metrics(batch, advantages, needs) | drift | {"rollout/cut_replies": float(cut.float().mean())}
