@@ -17,7 +17,7 @@ DATA_ROOT ?= $(abspath ../shared/data)
 export ALFWORLD_DATA ?= $(if $(wildcard $(DATA_ROOT)/alfworld/json_2.1.1),$(DATA_ROOT)/alfworld)
 export WEBSHOP_DATA ?= $(if $(wildcard $(DATA_ROOT)/webshop/items_shuffle_1000.json),$(DATA_ROOT)/webshop)
 
-.PHONY: install proto test test-slow test-learning demo bench clean
+.PHONY: install proto test test-slow test-learning demo demo-webshop bench clean
 
 install: $(STAMP)
 
@@ -53,6 +53,10 @@ test-learning: $(STAMP)
 # The main job on the embedded default: SFT, then RL with the boundary critic, on generated ALFWorld games.
 demo: $(STAMP)
 	$(PY) -m trainer_client.demo --config configs/demo.yaml
+
+# The same job on WebShop: a generated 1,000-product shop, 300 held-out goals, score and success.
+demo-webshop: $(STAMP)
+	$(PY) -m trainer_client.demo --config configs/demo_webshop.yaml
 
 clean:
 	rm -rf .venv .pytest_cache build *.egg-info

@@ -1,5 +1,6 @@
-"""RL from a given warm start with the demo's settings, then held-out success of the start and of every saved
-checkpoint: how issue 5 measured whether RL moves on generated ALFWorld beyond the demo's 16 iterations.
+"""RL from a given warm start with the demo's settings, then held-out success (and WebShop's score) of the start
+and of every saved checkpoint: how issue 5 measured whether RL moves on generated ALFWorld beyond the demo's 16
+iterations.
 
     python benchmarks/rl_from_checkpoint.py --sft runs/demo/sft --out runs/rl_long --iterations 60 \
         --save-every 20 [--config configs/demo.yaml] [key=value ...]
@@ -40,14 +41,19 @@ async def run(cfg: DemoConfig, sft_dir: Path, out: Path, evaluate_only: bool = F
         saved = sorted((out / "checkpoints").glob("iter_*"))
         for label, checkpoint in [("start", sft_dir)] + [(p.name, p / "policy") for p in saved]:
             result = await held_out(pool, cfg, eval_ids, checkpoint)
-            rows.append({"checkpoint": label, "success": result.success, "episodes": result.total.episodes,
-                         "dropped": result.dropped})
-            outcomes = paired.outcome_values([result])
+            rows.append({"checkpoint": label, "success": result.success, "score": result.score,
+                         "episodes": result.total.episodes, "dropped": result.dropped})
+            # WebShop's score (mean purchase reward x 100) moves where success does not: paired too.
+            metrics = ("won", "score") if cfg.env == "webshop" else ("won",)
+            outcomes = {metric: paired.outcome_values([result], metric) for metric in metrics}
             if start is None:
                 start = outcomes
             else:  # the same games and sampling seeds as the start: a paired gain with its 95% interval
-                gain = paired.compare(start, outcomes, seed=cfg.seed)
+                gain = paired.compare(start["won"], outcomes["won"], seed=cfg.seed)
                 rows[-1] |= {"paired_gain": gain.gain, "gain_ci95": [gain.lo, gain.hi]}
+                if "score" in outcomes:
+                    gain = paired.compare(start["score"], outcomes["score"], seed=cfg.seed)
+                    rows[-1] |= {"paired_score_gain": 100 * gain.gain, "score_gain_ci95": [100 * gain.lo, 100 * gain.hi]}
             print(json.dumps(rows[-1]), flush=True)
     (out / "held_out.json").write_text(json.dumps(rows, indent=1) + "\n")
     return rows

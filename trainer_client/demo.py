@@ -5,7 +5,9 @@
 One env server (a child process) serves every phase over gRPC: expert play for the warm start, RL
 rollouts, and held-out evaluation before and after RL. The model is a tiny Qwen2-architecture network
 with a tokenizer trained on the env's own text, so nothing is downloaded. The last line is
-`held-out success: sft=<float> rl=<float> games=<int>`.
+`held-out success: sft=<float> rl=<float> games=<int>`; on WebShop (configs/demo_webshop.yaml)
+`held-out webshop: sft_score=<float> rl_score=<float> sft_success=<float> rl_success=<float> goals=<int>`, where score
+is the mean purchase reward x 100 and success the share of purchases that score 1, as in the anchor's table.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import sys
 import time
 from contextlib import AbstractAsyncContextManager
@@ -44,6 +47,9 @@ class DemoConfig:
     server_args: tuple[str, ...] = ()
     """Extra flags for the env server, e.g. ["--env-option", "alfworld.size=small"]."""
     model_size: str = "tiny"
+    whole_word_pattern: str = ""
+    """Words of the expert play's text that match this regex become single tokens of the tiny tokenizer (WebShop's
+    product ids; trainer_client.policy.tokenizer says why). Empty: none."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """The warm start on expert play of train_split."""
     eval_episodes: int = 64
@@ -53,8 +59,9 @@ class DemoConfig:
 
 
 def plot(out: Path, sft_losses: list[float], metrics: list[dict], before: EvalResult, after: EvalResult,
-         prompt_loss_weight: float = 0.0, eval_temperature: float = TrainConfig.eval_temperature) -> Path:
-    """One PNG: SFT loss, RL training success per iteration, held-out success before/after RL."""
+         prompt_loss_weight: float = 0.0, eval_temperature: float = TrainConfig.eval_temperature,
+         with_score: bool = False) -> Path:
+    """One PNG: SFT loss, RL training success per iteration, held-out success (and score) before/after RL."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -73,10 +80,21 @@ def plot(out: Path, sft_losses: list[float], metrics: list[dict], before: EvalRe
     axes[1].plot(its, [m["rollout/valid_action_ratio"] for m in metrics], label="valid-format ratio", alpha=0.6)
     axes[1].set(title="RL (boundary critic)", xlabel="iteration", ylim=(0, 1.05))
     axes[1].legend()
-    axes[2].bar(["after SFT", "after RL"], [before.success, after.success], color=["#999999", "#2a7ab9"])
-    axes[2].set(title=f"held-out success ({after.total.episodes} games, T={eval_temperature})", ylim=(0, 1))
-    for i, value in enumerate([before.success, after.success]):
-        axes[2].text(i, value + 0.02, f"{value:.2f}", ha="center")
+    # WebShop's score (mean purchase reward) beside success: a purchase can score partly.
+    bars = {"success": (before.success, after.success)}
+    if with_score:
+        bars["score / 100"] = (before.score / 100, after.score / 100)
+    width = 0.8 / len(bars)
+    for k, (name, values) in enumerate(bars.items()):
+        xs = [i + (k - (len(bars) - 1) / 2) * width for i in range(2)]
+        axes[2].bar(xs, values, width=width, label=name, color=["#999999", "#2a7ab9"], alpha=1.0 - 0.4 * k)
+        for x, value in zip(xs, values):
+            axes[2].text(x, value + 0.02, f"{value:.2f}", ha="center")
+    axes[2].set_xticks([0, 1], ["after SFT", "after RL"])
+    unit = "goals" if with_score else "games"
+    axes[2].set(title=f"held-out ({after.total.episodes} {unit}, T={eval_temperature})", ylim=(0, 1))
+    if with_score:
+        axes[2].legend()
     fig.tight_layout()
     path = out / "demo.png"
     fig.savefig(path, dpi=110)
@@ -140,10 +158,13 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
 
             # A tokenizer trained on the env's own text, and a tiny random-init model: nothing to download.
             texts = [t for pair in expert_texts(experts, cfg.rl.prompt) for t in pair]
-            base = build_tiny_checkpoint(texts, out / "base", size=cfg.model_size, seed=cfg.seed)
+            whole_words = {w for t in texts for w in re.findall(cfg.whole_word_pattern, t)} \
+                if cfg.whole_word_pattern else set()
+            base = build_tiny_checkpoint(texts, out / "base", size=cfg.model_size, seed=cfg.seed, whole_words=whole_words)
             policy = Policy.load(base)
             n_params = sum(p.numel() for p in policy.model.parameters())
-            note(f"tiny model: {n_params / 1e6:.2f}M parameters, vocabulary {len(policy.tokenizer)}")
+            note(f"tiny model: {n_params / 1e6:.2f}M parameters, vocabulary {len(policy.tokenizer)}"
+                 f"{f' ({len(whole_words)} whole words)' if whole_words else ''}")
 
             samples = expert_samples(policy.tokenizer, experts, cfg.rl.prompt)
             sft_losses = fit(policy, samples, cfg.sft, seed=cfg.seed, console=console)
@@ -158,12 +179,19 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
             note(f"held-out success after RL: {counts(after)}")
             gain = paired.compare(paired.outcome_values([before]), paired.outcome_values([after]), seed=cfg.seed)
             note(f"paired on the same games and sampling seeds: {gain.describe()}")
+            score_gain = paired.compare(paired.outcome_values([before], "score"),
+                                        paired.outcome_values([after], "score"), seed=cfg.seed)
+            if cfg.env == "webshop":
+                note(f"paired purchase reward (score / 100): {score_gain.describe()}")
 
     metrics = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines() if line]
     (out / "results.json").write_text(json.dumps({"sft": before.as_dict(), "rl": after.as_dict(),
                                                   "paired_gain": dataclasses.asdict(gain),
+                                                  "paired_score_gain": dataclasses.asdict(score_gain),
                                                   "seconds": time.perf_counter() - started}, indent=2))
-    note(f"curve: {plot(out, sft_losses, metrics, before, after, cfg.sft.prompt_loss_weight, cfg.rl.eval_temperature)}")
+    figure = plot(out, sft_losses, metrics, before, after, cfg.sft.prompt_loss_weight, cfg.rl.eval_temperature,
+                  with_score=cfg.env == "webshop")
+    note(f"curve: {figure}")
     return before, after
 
 
@@ -177,8 +205,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     console = Console(stderr=True)
     before, after = asyncio.run(run(cfg, console))
-    print(f"held-out success: sft={before.success:.3f} rl={after.success:.3f} games={after.total.episodes}")
+    print(final_line(cfg.env, before, after))
     return 0
+
+
+def final_line(env: str, before: EvalResult, after: EvalResult) -> str:
+    if env == "webshop":
+        return (f"held-out webshop: sft_score={before.score:.1f} rl_score={after.score:.1f} "
+                f"sft_success={before.success:.3f} rl_success={after.success:.3f} goals={after.total.episodes}")
+    return f"held-out success: sft={before.success:.3f} rl={after.success:.3f} games={after.total.episodes}"
 
 
 if __name__ == "__main__":

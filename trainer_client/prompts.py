@@ -81,14 +81,16 @@ def shorten(text: str, max_words: int) -> str:
     return text if max_words <= 0 or len(words) <= max_words else " ".join(words[:max_words]) + " ..."
 
 
-def webshop_view(observation: str, instruction: str) -> str:
-    """The page without the repeated instruction, each text part quoted (verl-agent's layout)."""
+def webshop_view(observation: str, instruction: str, compact: bool = False) -> str:
+    """The page without the repeated instruction, each text part quoted (verl-agent's layout); `compact`: the
+    parts lowercased and joined by " | ", so a product id reads as the action that clicks it (`click[s0001]`)
+    and a title's words as the instruction's."""
     parts = observation.split(" [SEP] ")
     if instruction in parts:
         parts = parts[parts.index(instruction) + 1:]
-    else:  # e.g. the done page, which does not repeat the instruction
+    elif not compact:  # e.g. the done page, which does not repeat the instruction
         return observation
-    return " [SEP] ".join(f"'{p}'" for p in parts)
+    return " | ".join(parts).lower() if compact else " [SEP] ".join(f"'{p}'" for p in parts)
 
 
 ADMISSIBLE_HEADING = "Admissible actions: "
@@ -96,8 +98,8 @@ ADMISSIBLE_HEADING = "Admissible actions: "
 _LISTED = re.compile(re.escape(ADMISSIBLE_HEADING) + r"\[(.*?)\](?:$|<\|)", re.MULTILINE | re.DOTALL)
 
 
-def _format_actions(env: str, actions: Sequence[str]) -> str:
-    if env == "webshop":
+def _format_actions(env: str, actions: Sequence[str], compact: bool) -> str:
+    if env == "webshop" and not compact:
         return "[\n" + "\n".join(f"'{a}'," for a in actions) + "\n]"
     return "[" + ", ".join(f"'{a}'" for a in actions) + "]"
 
@@ -119,7 +121,7 @@ def build_prompt(
     cfg: PromptConfig = PromptConfig(),
 ) -> str:
     """The user message of turn `step` (0-based). `history` holds every past turn; the last k are shown."""
-    view = (lambda o: webshop_view(o, instruction)) if env == "webshop" else (lambda o: o)
+    view = (lambda o: webshop_view(o, instruction, cfg.compact)) if env == "webshop" else (lambda o: o)
     shown = list(history)[-cfg.history_turns:] if cfg.history_turns > 0 else []
     past = [(step - len(shown) + 1 + i, shorten(view(t.observation), cfg.history_obs_max_words), t.action)
             for i, t in enumerate(shown)]
@@ -134,7 +136,7 @@ def build_prompt(
                          + "\n".join(f"[Step {k}] observation: {seen} | action: {action}" for k, seen, action in past))
         lines.append(f"You are now at step {step + 1}. Current observation: {view(observation)}")
     if cfg.list_admissible:
-        lines.append(ADMISSIBLE_HEADING + _format_actions(env, admissible_actions))
+        lines.append(ADMISSIBLE_HEADING + _format_actions(env, admissible_actions, cfg.compact))
     if not cfg.compact:
         lines.append(_WEBSHOP_CLOSING if env == "webshop" else _CLOSING)
     return "\n".join(lines)

@@ -60,3 +60,39 @@ def test_a_small_demo_runs_end_to_end_and_rl_continues_from_its_warm_start(tmp_p
     assert len((tmp_path / "more" / "metrics.jsonl").read_text().splitlines()) == 2   # no iteration added
     with pytest.raises(SystemExit):   # nothing saved there to evaluate
         more.main(["--sft", str(tmp_path / "demo" / "sft"), "--out", str(tmp_path / "none"), "--evaluate-only"])
+
+
+WEBSHOP_LINE = re.compile(r"^held-out webshop: sft_score=(\d+\.\d) rl_score=(\d+\.\d) sft_success=(\d\.\d{3}) "
+                          r"rl_success=(\d\.\d{3}) goals=(\d+)$")
+
+
+def test_the_webshop_demo_config_holds_out_300_goals_of_a_1000_product_shop():
+    cfg = config.load(DemoConfig, str(ROOT / "configs" / "demo_webshop.yaml"), [])
+    assert (cfg.env, cfg.train_split, cfg.eval_split, cfg.rl.algo) == ("webshop", "train", "test", "boundary")
+    assert cfg.eval_episodes >= 300 and "webshop.synthetic_products=1000" in cfg.server_args
+    assert cfg.rl.prompt.compact
+
+
+def test_a_small_webshop_demo_prints_score_and_success(tmp_path, capsys):
+    # The 300-product shop: 33 test goals, 300 training goals.
+    small_shop = "[--workers, '1', --env-option, webshop.data_dir=synthetic, --env-option, webshop.pos_tagger=heuristic]"
+    assert main(["--config", str(ROOT / "configs" / "demo_webshop.yaml"), f"out_dir={tmp_path / 'demo'}",
+                 f"server_args={small_shop}", "sft.episodes=8", "sft.epochs=1", "eval_episodes=6", "rl.iterations=1",
+                 "rl.episodes_per_iteration=4", "rl.rollout.max_turns=4", "model_size=micro"]) == 0
+    match = WEBSHOP_LINE.match(capsys.readouterr().out.strip().splitlines()[-1])
+    assert match
+    results = json.loads((tmp_path / "demo" / "results.json").read_text())
+    assert [float(g) for g in match.groups()[:4]] == [round(results["sft"]["score"], 1), round(results["rl"]["score"], 1),
+                                                      round(results["sft"]["success"], 3), round(results["rl"]["success"], 3)]
+    assert int(match[5]) == results["rl"]["episodes"] == 6
+    assert results["paired_score_gain"]["games"] == 6
+    assert (tmp_path / "demo" / "demo.png").stat().st_size > 10_000
+
+    # Where the warm start's clicks go, on the same shop.
+    clicks = load_benchmark(ROOT / "benchmarks" / "webshop_clicks.py")
+    assert clicks.main(["--checkpoint", str(tmp_path / "demo" / "sft"), "--goals", "2", f"server_args={small_shop}",
+                        "rl.rollout.max_turns=4", "--threads", "1"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    actions = sum(v for k, v in row.items() if "/" in k and k != "checkpoint")
+    assert row["goals"] == 2 and row.get("start/listed", 0) + row.get("start/unlisted", 0) >= 2 and 2 <= actions <= 8
+    assert row.get("won", 0) <= row.get("bought", 0) <= 2 and 0 <= row["score"] <= 100

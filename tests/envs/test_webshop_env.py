@@ -55,6 +55,20 @@ def test_splits_are_goal_index_ranges_and_described(world):
     assert set(test.categories) <= {"beauty", "electronics", "garden", "fashion", "grocery"}
 
 
+def test_a_larger_generated_shop_holds_out_the_full_500_goal_test_split():
+    # The WebShop demo's shop: with more than 1,000 goals the test split is goals 0-499, as on the real world.
+    splits = make_env(synthetic_products=1000).splits()
+    assert len(splits["test"].tasks) == 500 and len(splits["train"].tasks) > 500
+    assert "1000 products" in splits["test"].description
+
+
+def test_another_synthetic_seed_is_another_shop():
+    # A validation shop for tuning (the WebShop demo's settings were chosen on seed 1, measured on seed 0).
+    first, other = make_env(), make_env(synthetic_seed=1)
+    assert first.data_hash() != other.data_hash()
+    assert first.reset("test", "0").instruction != other.reset("test", "0").instruction
+
+
 def test_start_page_observation_and_actions():
     env = make_env()
     result = env.reset("test", "0")
@@ -177,6 +191,8 @@ def test_bad_configuration_and_options_are_rejected():
         make_env(observation_mode="html")
     with pytest.raises(ValueError, match="goals"):
         make_env(goals="imagined")
+    with pytest.raises(ValueError, match="synthetic_products"):
+        make_env(synthetic_products=0)
     env = make_env()
     with pytest.raises(ValueError, match="no reset options"):
         env.reset("test", "0", options={"difficulty": "hard"})

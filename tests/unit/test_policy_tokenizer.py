@@ -104,3 +104,14 @@ def test_a_saved_tiny_checkpoint_tokenizes_exactly_as_trained(tmp_path):
     for text in [*TEXTS[:20], "go to cabinet 12, then the countertop 3.", header]:
         assert loaded.encode(text, add_special_tokens=False) == trained.encode(text, add_special_tokens=False)
     assert len(trained.tokenize("assistant")) == 1   # the template's role names are whole tokens
+
+
+def test_whole_words_are_single_tokens_after_a_save_and_load(tmp_path):
+    texts = ["back to search | s000000583 | lumen pillow | s000000584 | orchard pillow", "click[s000000583]"] * 4
+    loaded = Policy.load(build_tiny_checkpoint(texts, tmp_path / "ckpt", size="micro",
+                                               whole_words=["s000000583", "s000000584"])).tokenizer
+    reply = loaded.encode("click[s000000584]", add_special_tokens=False)
+    assert loaded.convert_ids_to_tokens(reply) == ["click", "[", "s000000584", "]"]
+    assert loaded.decode(reply) == "click[s000000584]"
+    # Without them, an id is a letter and nine digits, each its own piece.
+    assert len(train_tokenizer(texts).tokenize("s000000584")) == 10

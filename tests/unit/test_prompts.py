@@ -93,6 +93,22 @@ def test_webshop_view_drops_the_instruction_and_quotes_parts():
     assert webshop_view(done, "find a red mug") == done
 
 
+def test_a_compact_webshop_prompt_reads_ids_as_the_actions_that_click_them():
+    obs = ("Instruction: [SEP] find a red mug [SEP] Back to Search [SEP] Next > [SEP] S0001 [SEP] Red Mug [SEP] $3.0")
+    actions = ["click[back to search]", "click[next >]", "click[s0001]"]
+    prompt = build_prompt("webshop", "find a red mug", obs, actions, [PastTurn("Search", "search[red mug]")], 1,
+                          PromptConfig(compact=True))
+    assert prompt.splitlines() == [
+        "Task: find a red mug.",
+        "[1] search => search[red mug]",
+        "Now: back to search | next > | s0001 | red mug | $3.0",
+        "Admissible actions: ['click[back to search]', 'click[next >]', 'click[s0001]']",
+    ]
+    assert listed_actions(prompt) == actions
+    assert webshop_view("Thank you for shopping with us! [SEP] Your code:", "find a red mug", compact=True) == \
+        "thank you for shopping with us! | your code:"
+
+
 def test_a_compact_prompt_keeps_what_changes_and_drops_the_fixed_wording():
     history = [PastTurn(f"obs {i} with more words", f"act {i}") for i in range(5)]
     actions = ["go to microwave 1", "look"]

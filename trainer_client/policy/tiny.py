@@ -48,9 +48,10 @@ def tiny_config(size: str, tokenizer, max_position_embeddings: int = 2048) -> Qw
 
 
 def build_tiny_checkpoint(texts: Iterable[str], out_dir: str | Path, size: str = "tiny",
-                          vocab_size: int = 2048, seed: int = 0) -> Path:
-    """Train a tokenizer on `texts`, build a random-init model of `size`, save both to `out_dir`."""
-    tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
+                          vocab_size: int = 2048, seed: int = 0, whole_words: Iterable[str] = ()) -> Path:
+    """Train a tokenizer on `texts` (`whole_words` as single tokens), build a random-init model of `size`, save
+    both to `out_dir`."""
+    tokenizer = train_tokenizer(texts, vocab_size=vocab_size, whole_words=whole_words)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(tiny_config(size, tokenizer))
     out_dir = Path(out_dir)

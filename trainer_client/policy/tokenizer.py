@@ -17,8 +17,13 @@ from trainer_client.policy.chat import ENDOFTEXT, IM_END, IM_START, ROLES, chatm
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2) -> PreTrainedTokenizerFast:
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2,
+                    whole_words: Iterable[str] = ()) -> PreTrainedTokenizerFast:
     """A byte-level BPE over `texts` (any text encodes: all 256 bytes are in the alphabet).
+
+    Each of `whole_words` becomes one added token, matched before the digit-splitting pre-tokenizer: a product
+    id such as `s000000583` is otherwise ten pieces that share every prefix with the other ids on the page, and a
+    tiny model copying it digit by digit has nothing to tell which id it is copying.
 
     The vocabulary stops growing before `vocab_size` once no pair occurs `min_frequency` times,
     so size the model by `len(tokenizer)`, not by `vocab_size`. eos is `<|im_end|>` and pad is
@@ -44,10 +49,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency:
     )
     # The chat template's role names ride along, so every message header tokenizes compactly.
     bpe.train_from_iterator(texts + ["\n".join(ROLES)] * min_frequency, trainer)
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         eos_token=IM_END,
         pad_token=ENDOFTEXT,
         additional_special_tokens=[IM_START],
         chat_template=chatml_template(default_system_prompt=None),
     )
+    tokenizer.add_tokens(sorted(set(whole_words)))
+    return tokenizer

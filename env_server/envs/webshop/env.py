@@ -85,13 +85,16 @@ class WebShopEnv(TextEnv):
         num_products: int | None = None,
         pos_tagger: str = "auto",
         index_dir: str | None = None,
+        synthetic_products: int = WorldConfig.synthetic_products,
+        synthetic_seed: int = WorldConfig.synthetic_seed,
     ) -> None:
         super().__init__()
         if observation_mode not in OBSERVATION_MODES:
             raise ValueError(f"observation_mode must be one of {OBSERVATION_MODES}, got {observation_mode!r}")
         self.observation_mode = observation_mode
         self.world = load_world(WorldConfig(data_dir=data_dir, goals=goals, num_products=num_products,
-                                            pos_tagger=pos_tagger, index_dir=index_dir))
+                                            pos_tagger=pos_tagger, index_dir=index_dir,
+                                            synthetic_products=synthetic_products, synthetic_seed=synthetic_seed))
         self._session: ShopSession | None = None
         self._browser = None          # a BrowserSession, started on the first browser-mode reset
         self._task: Task | None = None

@@ -36,6 +36,8 @@ class WorldConfig:
             raise ValueError(f"pos_tagger must be one of {TAGGERS}, got {self.pos_tagger!r}")
         if self.num_products is not None and self.num_products <= 0:
             raise ValueError(f"num_products must be positive, got {self.num_products}")
+        if self.synthetic_products <= 0:
+            raise ValueError(f"synthetic_products must be positive, got {self.synthetic_products}")
 
 
 class World:
