@@ -94,7 +94,7 @@ def plot(out: Path, sft_losses: list[float], metrics: list[dict], before: EvalRe
     unit = "goals" if with_score else "games"
     axes[2].set(title=f"held-out ({after.total.episodes} {unit}, T={eval_temperature})", ylim=(0, 1))
     if with_score:
-        axes[2].legend()
+        axes[2].legend(loc="lower right")
     fig.tight_layout()
     path = out / "demo.png"
     fig.savefig(path, dpi=110)
