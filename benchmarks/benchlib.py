@@ -67,6 +67,17 @@ def load_demo_config(parser, args, extra_overrides: Sequence[str] = ()):
     return cfg
 
 
+async def held_out_episodes(cfg, checkpoint: Path, split: str, episodes: int, temperature: float):
+    """The demo's held-out evaluation (an EvalResult) of `checkpoint` on the first `episodes` tasks of `split`,
+    at `temperature`, on an env server started with the demo's arguments."""
+    from trainer_client.demo import demo_env_server, held_out
+    from trainer_client.env_pool import EnvPool
+
+    async with demo_env_server(cfg) as address, EnvPool([address]) as pool:
+        ids = sorted(await pool.list_tasks(cfg.env, split))[:episodes]
+        return await held_out(pool, cfg, ids, checkpoint, temperature, split)
+
+
 def cpu_model() -> str:
     """The CPU's model name (Linux's /proc/cpuinfo, else what the platform module says)."""
     cpuinfo = "/proc/cpuinfo"

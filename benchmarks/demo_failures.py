@@ -24,10 +24,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from benchlib import add_demo_config_args, load_demo_config
-from trainer_client.demo import DemoConfig, demo_env_server, held_out
-from trainer_client.env_pool import EnvPool
-from trainer_client.evaluate import EvalResult
+from benchlib import add_demo_config_args, held_out_episodes, load_demo_config
 from trainer_client.prompts import listed_actions
 from trainer_client.rollout import EpisodeRecord
 
@@ -81,13 +78,6 @@ def advantage_by_kind(episodes: Sequence[EpisodeRecord], gamma: float) -> dict[s
     return {k: {"n": len(v), "sum": sum(v), "mean": statistics.fmean(v)} for k, v in sorted(kinds.items())}
 
 
-async def play(cfg: DemoConfig, checkpoint: Path, split: str, episodes: int, temperature: float) -> EvalResult:
-    """The demo's held-out evaluation, on the first `episodes` games of `split`, at `temperature`."""
-    async with demo_env_server(cfg) as address, EnvPool([address]) as pool:
-        ids = sorted(await pool.list_tasks(cfg.env, split))[:episodes]
-        return await held_out(pool, cfg, ids, checkpoint, temperature, split)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoint", type=Path, required=True)
@@ -98,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     add_demo_config_args(parser, str(ROOT / "configs" / "demo.yaml"))
     args = parser.parse_args(argv)
     cfg = load_demo_config(parser, args)
-    result = asyncio.run(play(cfg, args.checkpoint, args.split or cfg.eval_split, args.episodes, args.temperature))
+    result = asyncio.run(held_out_episodes(cfg, args.checkpoint, args.split or cfg.eval_split, args.episodes, args.temperature))
     records = [e for e in result.episodes if e.ok]
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
     listed = [[t.action in listed_actions(tokenizer.decode(t.prompt_ids)) for t in e.turns] for e in records]

@@ -22,8 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from benchlib import add_demo_config_args, load_demo_config
-from demo_failures import play
+from benchlib import add_demo_config_args, held_out_episodes, load_demo_config
 from trainer_client.algorithms import explained_variance
 from trainer_client.algorithms.advantages import reverse_discounted_sum
 from trainer_client.policy import Policy, TokenBatch, pad_id
@@ -94,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     add_demo_config_args(parser, str(ROOT / "configs" / "demo.yaml"))
     args = parser.parse_args(argv)
     cfg = load_demo_config(parser, args)
-    result = asyncio.run(play(cfg, args.checkpoint, cfg.train_split, args.episodes, args.temperature))
+    result = asyncio.run(held_out_episodes(cfg, args.checkpoint, cfg.train_split, args.episodes, args.temperature))
     episodes = [e for e in result.episodes if e.ok]
     report = {"checkpoint": str(args.checkpoint), "temperature": args.temperature,
               **probe(Policy.load(args.checkpoint), episodes, cfg.rl.advantage.gamma)}

@@ -34,7 +34,7 @@ class PromptConfig:
     unlisted_penalty: float = 0.0
     """Subtracted from a turn's reward when its action is not on the admissible list the prompt showed: a turn
     the game wastes ("Nothing happens."). A dense signal the sparse reward lacks; 0 = off, as in verl-agent.
-    Only for envs that list every action they accept (ALFWorld, toy): WebShop's free-text search is unlisted."""
+    A listed template such as WebShop's `search[<your query>]` lists every non-empty `search[...]` (`is_listed`)."""
     example: str = ""
     """A worked example shown before the task (the ReAct-style baseline, trainer_client/prompting_baselines.py)."""
     compact: bool = False
@@ -157,9 +157,24 @@ def format_penalty(parsed: ParsedAction, cfg: PromptConfig = PromptConfig()) -> 
     return 0.0 if parsed.valid else cfg.format_penalty
 
 
+_TEMPLATE = re.compile(r"^(\w+)\[<[^>]*>\]$")
+
+
+def is_listed(action: str, admissible_actions: Sequence[str]) -> bool:
+    """Is `action` one the list offered? Case aside, an entry matches itself, and a template entry
+    `verb[<placeholder>]` (WebShop's `search[<your query>]`) matches `verb[...]` with anything non-empty inside."""
+    action = action.lower()
+    for entry in admissible_actions:
+        entry = entry.lower()
+        template = _TEMPLATE.match(entry)
+        if action == entry or (template and re.fullmatch(re.escape(template[1]) + r"\[.*\S.*\]", action, re.DOTALL)):
+            return True
+    return False
+
+
 def turn_penalty(parsed: ParsedAction, admissible_actions: Sequence[str], cfg: PromptConfig = PromptConfig()) -> float:
     """What a turn's reply costs besides the env's reward: the format penalty, plus the unlisted-action penalty."""
-    unlisted = cfg.unlisted_penalty > 0 and parsed.action not in {a.lower() for a in admissible_actions}
+    unlisted = cfg.unlisted_penalty > 0 and not is_listed(parsed.action, admissible_actions)
     return format_penalty(parsed, cfg) + (cfg.unlisted_penalty if unlisted else 0.0)
 
 

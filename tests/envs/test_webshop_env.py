@@ -138,6 +138,28 @@ def test_buying_ends_the_episode_with_sparse_reward_and_raw_score():
         env.step("click[back to search]")
 
 
+def buy_without_options(env: WebShopEnv, task_id: str):
+    """The expert's path, but buying as soon as the target is open: a purchase that is not quite right."""
+    result = env.reset("test", task_id)
+    while not result.done:
+        on_item = result.info["page"] == "item"
+        result = env.step("click[buy now]" if on_item else result.info["expert_action"])
+    return result
+
+
+def test_the_score_reward_pays_a_purchase_its_raw_score():
+    success, score = make_env(), make_env(reward="score")
+    assert score.version == success.version + "+reward-score"
+    task_id = goal_with_options(score)
+    by_success, by_score = buy_without_options(success, task_id), buy_without_options(score, task_id)
+    assert by_success.score == by_score.score and 0.0 < by_score.score < 1.0
+    assert (by_success.reward, by_score.reward) == (0.0, by_score.score) and not by_score.won
+    won = play_expert(score, task_id)[-1]
+    assert won.won and won.reward == won.score == 1.0
+    with pytest.raises(ValueError, match="reward must be one of"):
+        make_env(reward="dense")
+
+
 def test_the_expert_wins_most_synthetic_test_goals():
     env = make_env()
     tasks = env.splits()["test"].tasks

@@ -3,7 +3,7 @@
 import pytest
 
 from trainer_client.prompts import (
-    ParsedAction, PastTurn, PromptConfig, build_prompt, expert_reply, format_penalty, listed_actions, parse_action,
+    ParsedAction, PastTurn, PromptConfig, build_prompt, expert_reply, format_penalty, is_listed, listed_actions, parse_action,
     turn_penalty, webshop_view,
 )
 
@@ -46,6 +46,19 @@ def test_unlisted_penalty_adds_to_the_format_penalty_and_is_off_by_default():
     assert turn_penalty(ParsedAction("go to shelf 1", True), listed, cfg) == 0.5
     assert turn_penalty(ParsedAction("go to shelf 1", False), listed, cfg) == 0.75
     assert turn_penalty(ParsedAction("go to shelf 1", True), listed) == 0.0
+
+
+def test_a_listed_template_lists_every_filled_in_action():
+    # WebShop's start page lists `search[<your query>]`: a typed search is on the list, an empty one is not.
+    listed = ["search[<your query>]", "click[s000000583]"]
+    assert is_listed("search[red running shoes under 40 dollars]", listed)
+    assert is_listed("Click[S000000583]", listed)
+    assert not is_listed("search[ ]", listed) and not is_listed("search[]", listed)
+    assert not is_listed("click[s000000584]", listed) and not is_listed("click[<your query>]", listed)
+    assert not is_listed("search[shoes]", ["click[search]"])
+    cfg = PromptConfig(unlisted_penalty=0.5)
+    assert turn_penalty(ParsedAction("search[red shoes]", True), listed, cfg) == 0.0
+    assert turn_penalty(ParsedAction("click[s000000584]", True), listed, cfg) == 0.5
 
 
 def test_expert_reply_round_trips():

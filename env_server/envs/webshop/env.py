@@ -2,7 +2,8 @@
 observation mode (browser: the same text, read through headless chromium from the Flask site).
 
 Task ids are goal indices in the original's seed-233 order; split test = goals 0-499, train = the
-rest. Reward is sparse success (1.0 iff the purchase scores exactly 1.0); the raw score is `score`.
+rest. Reward is sparse success (1.0 iff the purchase scores exactly 1.0) unless `reward="score"`; the raw
+score is always `score`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from env_server.envs.webshop.pages import (
 from env_server.envs.webshop.world import World, WorldConfig, load_world
 
 OBSERVATION_MODES = ("text", "text_rich", "browser")
+# What `reward` carries at the purchase: "success", 1.0 iff it scores exactly 1.0 (verl-agent's choice, the
+# anchor's); "score", the raw score in [0, 1] (the original's RL), which credits a purchase that is nearly right.
+REWARDS = ("success", "score")
 
 
 @functools.lru_cache(maxsize=8)
@@ -87,11 +91,15 @@ class WebShopEnv(TextEnv):
         index_dir: str | None = None,
         synthetic_products: int = WorldConfig.synthetic_products,
         synthetic_seed: int = WorldConfig.synthetic_seed,
+        reward: str = "success",
     ) -> None:
         super().__init__()
         if observation_mode not in OBSERVATION_MODES:
             raise ValueError(f"observation_mode must be one of {OBSERVATION_MODES}, got {observation_mode!r}")
+        if reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
         self.observation_mode = observation_mode
+        self.reward = reward
         self.world = load_world(WorldConfig(data_dir=data_dir, goals=goals, num_products=num_products,
                                             pos_tagger=pos_tagger, index_dir=index_dir,
                                             synthetic_products=synthetic_products, synthetic_seed=synthetic_seed))
@@ -104,6 +112,11 @@ class WebShopEnv(TextEnv):
 
     def data_hash(self) -> str:
         return self.world.digest
+
+    @property
+    def version(self) -> str:
+        # Another reward is another env for a replay or a pool: the version says which.
+        return super().version + ("" if self.reward == "success" else f"+reward-{self.reward}")
 
     def _reset(self, split: str, task: Task, seed: int, options: dict[str, str]) -> StepResult:
         # `seed` changes nothing: a WebShop episode has no randomness once its goal is fixed.
@@ -157,7 +170,7 @@ class WebShopEnv(TextEnv):
             instruction=goal.instruction_text,
             task_id=self._task.task_id,
             task_category=goal.category,
-            reward=1.0 if won else 0.0,
+            reward=(screen.score or 0.0) if self.reward == "score" else float(won),
             terminated=screen.score is not None,
             won=won,
             score=screen.score or 0.0,
