@@ -96,3 +96,10 @@ def test_a_small_webshop_demo_prints_score_and_success(tmp_path, capsys):
     actions = sum(v for k, v in row.items() if "/" in k and k != "checkpoint")
     assert row["goals"] == 2 and row.get("start/listed", 0) + row.get("start/unlisted", 0) >= 2 and 2 <= actions <= 8
     assert row.get("won", 0) <= row.get("bought", 0) <= 2 and 0 <= row["score"] <= 100
+
+    # How its outcomes spread within and between training goals.
+    spread = load_benchmark(ROOT / "benchmarks" / "outcome_spread.py")
+    assert spread.main(["--checkpoint", str(tmp_path / "demo" / "sft"), "--tasks", "3", "--samples", "2",
+                        f"server_args={small_shop}", "rl.rollout.max_turns=4", "--threads", "1"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["tasks"] == 3 and 0.0 <= row["won"]["within_task_share"] <= 1.0 and 0.0 <= row["score"]["mean"] <= 1.0

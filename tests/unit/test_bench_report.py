@@ -233,6 +233,18 @@ def test_demo_failures_counts_rejected_and_repeated_actions():
     assert stats["rejected_share"] == pytest.approx(6 / 9) and stats["repeat_share"] == pytest.approx(6 / 9)
 
 
+def test_outcome_spread_splits_variance_within_and_between_tasks():
+    spread = load("outcome_spread").spread
+    # Task a always wins, task b always loses: all of the spread is between tasks.
+    between = spread([[1.0, 1.0], [0.0, 0.0]])
+    assert between["variance"] == 0.25 and between["within_task_share"] == 0.0 and between["tasks_that_differ"] == 0.0
+    # Both tasks win half their samples: all of it is within.
+    within = spread([[1.0, 0.0], [0.0, 1.0]])
+    assert within["within_task_share"] == 1.0 and within["tasks_that_differ"] == 1.0
+    mixed = spread([[1.0, 0.0], [0.0, 0.0]])   # total 3/16, within (1/4 + 0) / 2
+    assert mixed["within_task_share"] == pytest.approx((1 / 8) / (3 / 16)) and mixed["tasks_that_differ"] == 0.5
+
+
 def test_demo_failures_mc_advantages_favour_what_wins():
     demo_failures = load("demo_failures")
     lost = _episode([("start", "go to desk 1"), ("Nothing happens.", "go to desk 1"), ("Nothing happens.", "look")], won=False)
