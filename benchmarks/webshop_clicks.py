@@ -7,8 +7,9 @@ clickables the prompt showed, and how its episodes ended.
 Plays the first `--goals` goals of the eval split exactly as the demo's held-out evaluation does (its env
 server, prompt, turn limit, evaluation temperature and per-episode seeds), and prints one JSON line: per page
 kind the actions that were listed and unlisted (a click on something the page does not show does nothing),
-then bought (episodes that ended in a purchase), won and the score (mean purchase reward x 100, 0 without a
-purchase). A `search[...]` counts as listed: WebShop accepts it on every page.
+how many results-page actions opened the page's first product (the search ranks the goal's own product first
+for most goals), then bought (episodes that ended in a purchase), won and the score (mean purchase reward x 100,
+0 without a purchase). A `search[...]` counts as listed: WebShop accepts it on every page.
 """
 
 from __future__ import annotations
@@ -48,7 +49,11 @@ def click_counts(episodes, tokenizer) -> dict:
         for turn in episode.turns:
             listed = listed_actions(tokenizer.decode(turn.prompt_ids))
             on_list = turn.action in listed or turn.action.startswith("search[")
-            counts[f"{page_kind(listed)}/{'listed' if on_list else 'unlisted'}"] += 1
+            kind = page_kind(listed)
+            counts[f"{kind}/{'listed' if on_list else 'unlisted'}"] += 1
+            if kind == "results":
+                products = [a for a in listed if a not in NAVIGATION]
+                counts["results/first_product"] += int(turn.action == products[0])
         counts["bought"] += int(episode.terminated)
         counts["won"] += int(episode.won)
         score += episode.score
