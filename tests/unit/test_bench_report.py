@@ -281,3 +281,16 @@ def test_value_readout_probe_separates_a_linear_signal_from_noise():
     noise = torch.randn(800, generator=generator)
     train, held_out = probe.held_out_explained_variance(features, noise, episode, strength=0.01)
     assert train > 0 and held_out < 0.05        # fits its own noise a little, predicts none of the rest
+
+
+def test_decode_cache_times_both_caches_on_the_same_prompts(tmp_path, capsys):
+    decode_cache = load("decode_cache")
+    out = tmp_path / "decode.json"
+    assert decode_cache.main(["--model", "tiny", "--batch", "2", "--prompt-tokens", "12", "--repeats", "1",
+                              "--threads", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["model"] == "tiny model" and result["prompt_tokens"] == [12, 13]
+    for row in result["rows"].values():
+        assert 0 < row["prefill_s"] < row["generate_24_s"]
+    assert result["decode_step_ratio"] > 0
+    assert "growing / preallocated: decode step" in capsys.readouterr().out

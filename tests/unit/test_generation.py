@@ -10,9 +10,11 @@ from policy_fixtures import micro_checkpoint, policy, train_value_rows, turn_sam
 
 from trainer_client.policy import Policy, SamplingConfig, TokenBatch, TransformersBackend, TurnSample
 from trainer_client.policy.generation.transformers_backend import (
+    KV_CACHE,
     completions_from_steps,
     draw,
     length_groups,
+    preallocated_cache,
     uniforms_for,
 )
 from trainer_client.policy.logits import policy_log_probs, top_p_filter
@@ -138,6 +140,25 @@ def test_grouping_by_length_samples_what_one_batch_samples(policy):
     assert [c.token_ids for c in grouped] == [c.token_ids for c in batch]
     for a, b in zip(grouped, batch):
         torch.testing.assert_close(torch.tensor(a.log_probs), torch.tensor(b.log_probs), atol=1e-5, rtol=0)
+
+
+@torch.inference_mode()
+def test_the_preallocated_kv_cache_gives_what_the_growing_one_gives(policy):
+    """Prefill, then decode steps: the cache written in place holds exactly what transformers' own one holds."""
+    from transformers import DynamicCache
+
+    model = policy.model.eval()
+    prompt = torch.tensor([prompts_of(policy, 1)[0][:20]])
+    steps = torch.randint(0, policy.n_policy_tokens, (1, 4), generator=torch.Generator().manual_seed(0))
+    logits = []
+    for cache in (DynamicCache(), preallocated_cache(model, prompt.shape[1] + steps.shape[1])):
+        out = [model(input_ids=prompt, **{KV_CACHE: cache}, use_cache=True).logits[:, -1]]
+        for step in range(steps.shape[1]):
+            out.append(model(input_ids=steps[:, step:step + 1], **{KV_CACHE: cache}, use_cache=True).logits[:, -1])
+        logits.append(torch.cat(out))
+    torch.testing.assert_close(logits[0], logits[1], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="holds 24 positions"):
+        model(input_ids=steps[:, :1], **{KV_CACHE: cache}, use_cache=True)
 
 
 def test_a_seed_makes_sampling_repeatable(policy):
