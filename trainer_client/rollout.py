@@ -259,7 +259,7 @@ async def collect(pool: EnvPool, backend: GenerationBackend, tokenizer, tasks: S
     each episode samples from its own seeds (`episode_seeds`), whatever the batching and concurrency.
     """
     sampling = SamplingConfig(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
-                              top_p=rollout.top_p)
+                              top_p=rollout.top_p, stop=rollout.stop)
     limit = asyncio.Semaphore(rollout.max_concurrent_episodes)
     started = time.perf_counter()
 

@@ -85,6 +85,7 @@ class ToyLearning:
     # Removes one way these runs broke down (cut replies that taught replies to run on past their action, found
     # with benchmarks/toy_update_probe.py), but did not make both seeds learn on the valid split: off.
     mask_truncated_replies: bool = False
+    stop: tuple[str, ...] = ()       # e.g. ("</action>",): replies end with their action, in training and evaluation
     eval_split: str = "test"         # "valid" when choosing settings, so that test is looked at last
 
 
@@ -109,7 +110,8 @@ def rl_config(setting: ToyLearning, model: Path, run_dir: Path, server: str, see
         f"loss.kl_coef={setting.kl_coef}", f"loss.value_coef={setting.value_coef}", f"optim.lr={setting.lr}",
         f"optim.value_lr={setting.value_lr}", f"optim.mini_batch_turns={setting.mini_batch_turns}",
         f"optim.epochs={setting.epochs}", f"optim.adam_eps={setting.adam_eps}",
-        f"optim.target_kl={setting.target_kl}", f"loss.mask_truncated_replies={setting.mask_truncated_replies}"])
+        f"optim.target_kl={setting.target_kl}", f"loss.mask_truncated_replies={setting.mask_truncated_replies}",
+        f"rollout.stop=[{', '.join(setting.stop)}]"])
 
 
 async def held_out(pool: EnvPool, checkpoint: Path, cfg: TrainConfig, setting: ToyLearning) -> dict:

@@ -26,7 +26,7 @@ def standin_app(policy: Policy, fail_first: int = 0, ban_reserved: bool = True) 
     # The server's own copy of the weights: it changes only through /collective_rpc, like a real server's.
     sampled_ids = policy.n_policy_tokens if ban_reserved else policy.output_weight.shape[0]
     backend = TransformersBackend(copy.deepcopy(policy.model), sampled_ids, stop_token_ids(policy.tokenizer),
-                                  policy.tokenizer.pad_token_id)
+                                  policy.tokenizer.pad_token_id, tokenizer=policy.tokenizer)
     lock = threading.Lock()     # one model, one request at a time (vLLM would batch them)
     state = {"failures_left": fail_first, "completions": 0, "reloads": 0}
     app = Flask("openai-standin")
@@ -53,8 +53,10 @@ def standin_app(policy: Policy, fail_first: int = 0, ban_reserved: bool = True) 
             abort(400, "this stand-in takes one token-id prompt per request")
         if body.get("logprobs") != 0 or not body.get("return_token_ids"):
             abort(400, "ask for logprobs=0 and return_token_ids")
+        if body.get("stop") and not body.get("include_stop_str_in_output"):
+            abort(400, "this stand-in keeps the stop string in the reply: ask for include_stop_str_in_output")
         sampling = SamplingConfig(max_new_tokens=body["max_tokens"], temperature=body["temperature"],
-                                  top_p=body["top_p"], seed=body.get("seed"))
+                                  top_p=body["top_p"], seed=body.get("seed"), stop=tuple(body.get("stop") or ()))
         with lock:
             completion = backend.generate([prompt], sampling)[0]
             state["completions"] += 1

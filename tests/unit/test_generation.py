@@ -161,6 +161,33 @@ def test_the_preallocated_kv_cache_gives_what_the_growing_one_gives(policy):
         model(input_ids=steps[:, :1], **{KV_CACHE: cache}, use_cache=True)
 
 
+def test_a_stop_string_ends_a_reply_where_it_first_appears(policy):
+    """The reply is the same sample up to the token that completes the stop string, and ends there."""
+    backend = TransformersBackend.from_policy(policy)
+    decode = policy.tokenizer.decode
+    prompts, seeds = prompts_of(policy, 4), [5, 6, 7, 8]
+    free = backend.generate(prompts, SamplingConfig(max_new_tokens=16, temperature=1.0), seeds)
+    # A two-token stop string of plain text that a reply completes midway (the random model writes bytes too).
+    ids, end = next((c.token_ids, k + 1) for c in free for k in range(2, len(c.token_ids) - 1)
+                    if decode(c.token_ids[k - 1:k + 1]).isascii() and decode(c.token_ids[k - 1:k + 1]).strip()
+                    and decode(c.token_ids[k - 1:k + 1]) not in decode(c.token_ids[:k]))
+    stop = decode(ids[end - 2:end])
+    stopped = backend.generate(prompts, SamplingConfig(max_new_tokens=16, temperature=1.0, stop=(stop,)), seeds)
+    cut = 0
+    for before, after in zip(free, stopped):
+        ends = [n for n in range(1, len(before.token_ids) + 1) if stop in decode(before.token_ids[:n])]
+        if not ends:
+            assert after == before
+            continue
+        assert after.token_ids == before.token_ids[:ends[0]] and after.finish_reason == "stop"
+        assert after.log_probs == before.log_probs[:ends[0]]
+        cut += after.token_ids != before.token_ids
+    assert cut >= 1 and any(after.token_ids == ids[:end] for after in stopped)
+    with pytest.raises(ValueError, match="tokenizer"):
+        TransformersBackend(policy.model, policy.n_policy_tokens, (0,), 0).generate(
+            prompts, SamplingConfig(max_new_tokens=2, stop=("x",)))
+
+
 def test_a_seed_makes_sampling_repeatable(policy):
     backend = TransformersBackend.from_policy(policy)
     prompts = prompts_of(policy, 4)
@@ -215,6 +242,7 @@ def test_a_backend_copy_follows_the_policy_only_after_update_weights(policy):
 
 
 def test_sampling_config_is_validated():
-    for bad in (dict(max_new_tokens=0), dict(temperature=-1.0), dict(top_p=1.5)):
+    for bad in (dict(max_new_tokens=0), dict(temperature=-1.0), dict(top_p=1.5), dict(stop="</action>"),
+                dict(stop=("",))):
         with pytest.raises(ValueError):
             SamplingConfig(**bad)

@@ -59,6 +59,25 @@ def test_generation_over_http_bans_reserved_ids_and_keeps_order(policy, sync):
         torch.testing.assert_close(torch.tensor(completion.log_probs), torch.tensor(alone.log_probs))
 
 
+def test_stop_strings_go_over_the_wire(policy, sync):
+    """The request asks the server to end a reply at a stop string and keep it: the local sampler's cut."""
+    prompts, seeds = prompts_of(policy, 4), [11, 12, 13, 14]
+    local = TransformersBackend.from_policy(policy)
+    free = local.generate(prompts, SamplingConfig(max_new_tokens=16, temperature=1.0), seeds)
+    stop = policy.tokenizer.decode(free[0].token_ids[2:4])   # whatever it is, the first reply holds it
+    sampling = SamplingConfig(max_new_tokens=16, temperature=1.0, stop=(stop,))
+    with StandinServer(policy) as server:
+        backend = RemoteBackend(policy, RemoteConfig(base_url=server.url, dtype="float32"), sync)
+        try:
+            remote = backend.generate(prompts, sampling, seeds=seeds)
+        finally:
+            backend.close()
+    expected = local.generate(prompts, sampling, seeds=seeds)
+    assert [c.token_ids for c in remote] == [c.token_ids for c in expected]
+    assert [c.finish_reason for c in remote] == [c.finish_reason for c in expected]
+    assert len(remote[0].token_ids) <= 4 < len(free[0].token_ids) and remote[0].finish_reason == "stop"
+
+
 def test_a_server_without_the_ban_is_refused(policy, sync):
     make_value_rows_dominant(policy)
     with StandinServer(policy, ban_reserved=False) as server:

@@ -32,8 +32,14 @@ class Sampling:
     temperature: float = 1.0   # 0: greedy
     top_p: float = 1.0
     max_new_tokens: int = 512
+    # Text that ends a reply where it first appears, kept in it (e.g. "</action>": nothing the env reads comes after
+    # it, and a tail sampled past it only gives the update something to learn that no one asked for).
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", tuple(self.stop))
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
@@ -55,7 +61,8 @@ class Completion:
     `log_probs[i]` is log pi(token_ids[i]) under the policy's masked distribution at the sampling
     temperature, before top-p truncation (temperature 1 when greedy): the value `Policy.forward`
     computes for the same token at the same temperature. With finish_reason "stop" the last token
-    is the stop token (`<|im_end|>` or eos); "length" means cut at max_new_tokens.
+    is the stop token (`<|im_end|>` or eos) or the one that completes a `stop` string; "length" means cut at
+    max_new_tokens.
     """
     token_ids: tuple[int, ...]
     log_probs: tuple[float, ...]

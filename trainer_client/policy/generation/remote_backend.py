@@ -132,6 +132,8 @@ class RemoteBackend(EngineBackend):
             "seed": seed,                    # per request, so a prompt's sample does not depend on its batch
             "logprobs": 0,
             "stop_token_ids": self.stop_ids,
+            "stop": list(sampling.stop),
+            "include_stop_str_in_output": True,   # vLLM's extension: the reply keeps the text that ended it
             "skip_special_tokens": False,
             "return_token_ids": True,
         }

@@ -142,15 +142,31 @@ def length_groups(lengths: Sequence[int], group_overhead: float) -> list[list[in
     return groups[::-1]
 
 
+def stop_string_steps(tokenizer, token_ids: Tensor, stops: Sequence[str]) -> list[int | None]:
+    """Per row of the samples so far [B, S]: S - 1 if a stop string is in the decoded last tokens, else None. A stop
+    string of n characters lies within the last n tokens; checked after every step, a live row's first hit is the
+    step that completed it."""
+    window = max(len(s) for s in stops)
+    tails = tokenizer.batch_decode(token_ids[:, -window:].tolist(), skip_special_tokens=False)
+    last = token_ids.shape[1] - 1
+    return [last if any(s in tail for s in stops) else None for tail in tails]
+
+
 def completions_from_steps(token_ids: Tensor, log_probs: Tensor, stop_ids: Sequence[int],
-                           entropies: Tensor | None = None, values: Tensor | None = None) -> list[Completion]:
-    """Cut each row of the per-step samples [B, S] (and entropies [B, S]) after its first stop token;
-    values [B]: each row's V, read before its first step."""
+                           entropies: Tensor | None = None, values: Tensor | None = None,
+                           stop_steps: Sequence[int | None] | None = None) -> list[Completion]:
+    """Cut each row of the per-step samples [B, S] (and entropies [B, S]) after its first stop token, or after
+    its stop_steps entry (where a stop string ended) if that comes first; values [B]: each row's V, read before
+    its first step."""
     stop_ids, completions = set(stop_ids), []
     rows_entropies = entropies.tolist() if entropies is not None else [()] * len(token_ids)
     rows_values = values.tolist() if values is not None else [None] * len(token_ids)
-    for ids, lps, ents, value in zip(token_ids.tolist(), log_probs.tolist(), rows_entropies, rows_values):
+    rows_stop_steps = stop_steps if stop_steps is not None else [None] * len(token_ids)
+    for ids, lps, ents, value, string_end in zip(token_ids.tolist(), log_probs.tolist(), rows_entropies, rows_values,
+                                                 rows_stop_steps):
         stop_at = next((i for i, t in enumerate(ids) if t in stop_ids), None)
+        if string_end is not None and (stop_at is None or string_end < stop_at):
+            stop_at = string_end
         end = len(ids) if stop_at is None else stop_at + 1
         completions.append(Completion(tuple(ids[:end]), tuple(lps[:end]), "length" if stop_at is None else "stop",
                                       tuple(ents[:end]), value))
@@ -164,8 +180,9 @@ class TransformersBackend(GenerationBackend):
     """
 
     def __init__(self, model: PreTrainedModel, n_policy_tokens: int, stop_ids: Sequence[int], pad_id: int,
-                 value_id: int | None = None) -> None:
+                 value_id: int | None = None, tokenizer=None) -> None:
         self.model = model
+        self.tokenizer = tokenizer   # only for stop strings (SamplingConfig.stop)
         self.n_policy_tokens = n_policy_tokens
         self.stop_ids = tuple(stop_ids)
         self.pad_id = pad_id
@@ -187,7 +204,8 @@ class TransformersBackend(GenerationBackend):
             model = model.to(device=wanted[1], dtype=wanted[0])
         tokenizer = policy.tokenizer
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        return cls(model, policy.n_policy_tokens, stop_token_ids(tokenizer), pad_id, value_id=policy.value_ids[0])
+        return cls(model, policy.n_policy_tokens, stop_token_ids(tokenizer), pad_id, value_id=policy.value_ids[0],
+                   tokenizer=tokenizer)
 
     def update_weights(self, policy: Policy) -> None:
         if self.model is not policy.model:
@@ -202,6 +220,8 @@ class TransformersBackend(GenerationBackend):
         uniforms, so a row samples what it would in any grouping (up to the batch shape's rounding)."""
         if not prompts:
             return []
+        if sampling.stop and self.tokenizer is None:
+            raise ValueError("stop strings need the backend's tokenizer (TransformersBackend(..., tokenizer=))")
         uniforms = None
         if sampling.temperature > 0:
             uniforms = uniforms_for(len(prompts), sampling.max_new_tokens, row_seeds(len(prompts), sampling, seeds))
@@ -227,6 +247,7 @@ class TransformersBackend(GenerationBackend):
         stop_ids = torch.tensor(self.stop_ids, dtype=torch.long, device=device)
         finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
         step_ids, step_log_probs, step_entropies, values = [], [], [], None
+        stop_steps: list[int | None] = [None] * len(prompts)
         cache = preallocated_cache(self.model, input_ids.shape[1] + sampling.max_new_tokens) if self.preallocate_kv \
             else None
         was_training = self.model.training
@@ -245,6 +266,13 @@ class TransformersBackend(GenerationBackend):
                 step_ids.append(next_ids)
                 step_log_probs.append(next_log_probs)
                 step_entropies.append(entropy_from_log_probs(log_probs))
+                if sampling.stop:   # before this step's stop ids count: a row that ends here by either is cut here
+                    live = (~finished).tolist()
+                    hits = stop_string_steps(self.tokenizer, torch.stack(step_ids, 1), sampling.stop)
+                    for row, hit in enumerate(hits):
+                        if live[row] and hit is not None:
+                            stop_steps[row] = hit
+                            finished[row] = True
                 finished |= torch.isin(next_ids, stop_ids)
                 if bool(finished.all()):
                     break
@@ -254,4 +282,4 @@ class TransformersBackend(GenerationBackend):
             self.model.train(was_training)
         return completions_from_steps(torch.stack(step_ids, 1).cpu(), torch.stack(step_log_probs, 1).cpu(),
                                       self.stop_ids, torch.stack(step_entropies, 1).cpu(),
-                                      None if values is None else values.cpu())
+                                      None if values is None else values.cpu(), stop_steps)

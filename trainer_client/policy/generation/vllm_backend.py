@@ -94,8 +94,10 @@ class VllmBackend(EngineBackend):
             seed=seed,                       # per request: vLLM gives a seeded request its own generator
             logprobs=0,                      # only the sampled token's log-prob
             stop_token_ids=self.stop_ids,
+            stop=list(sampling.stop) or None,
+            include_stop_str_in_output=True,
             skip_special_tokens=False,
-            detokenize=False,                # the rollout decodes the ids itself
+            detokenize=bool(sampling.stop),  # stop strings need the text; else the rollout decodes the ids itself
         )
 
     def _generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig,
