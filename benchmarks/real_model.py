@@ -132,6 +132,7 @@ class Run:
         self.address = ""
         self.carry = Path(cfg.carry_dir) if cfg.carry_dir else None
         self.rl_clock = 0.0
+        self.removed: list[Path] = []   # measurement files set aside: the next publish commits their removal
 
     def note(self, message: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}", highlight=False)
@@ -326,7 +327,10 @@ class Run:
         self.stages["sft"]["redone"] = {"same_losses": same, "lost_seconds": lost["seconds"]}
         if not same and self.outcomes_file("sft").exists():
             self.outcomes_file("sft").rename(self.outcomes_file("sft_of_lost_start"))
-            (REPO / self.cfg.measurements_dir / "outcomes" / "sft.jsonl").unlink(missing_ok=True)
+            committed = REPO / self.cfg.measurements_dir / "outcomes" / "sft.jsonl"
+            if committed.exists():   # else a fresh machine would take up the lost start's outcomes
+                committed.unlink()
+                self.removed.append(committed)
             self.stages.pop("eval_sft", None)
         self.note(f"SFT ran again: {'the same' if same else '[yellow]a different'} model "
                   f"(loss {losses[0]} vs {lost['loss_first']})")
@@ -392,7 +396,7 @@ class Run:
                 written.append(destination)
         if self.commit_each_stage and written:
             try:
-                commit(written, message)
+                commit(written + [p for p in self.removed if p not in written], message)
             except RuntimeError as error:   # hours of runs must not stop on git
                 self.note(f"[yellow]commit failed: {error}")
 

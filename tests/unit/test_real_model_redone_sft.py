@@ -1,0 +1,49 @@
+"""`make real-model` after its SFT start was lost: when SFT comes out a different model, the committed evaluation of
+the lost start is set aside, and the next stage's commit records its removal, so a fresh machine taking up the
+committed outcomes cannot pair RL against a start it did not begin from."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from real_model import RealModelConfig, Run  # noqa: E402
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=repo, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def test_a_different_sft_start_removes_the_committed_evaluation_in_the_next_commit(tmp_path):
+    repo = tmp_path / "repo"
+    measured = repo / "measured"
+    (measured / "outcomes").mkdir(parents=True)
+    git(repo, "init", "-q")
+    lost_rows = json.dumps({"split": "valid_seen", "task_id": "a", "seed": 0, "won": True, "turns": 3})
+    (measured / "outcomes" / "sft.jsonl").write_text(lost_rows + "\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "the lost start's evaluation")
+
+    out = tmp_path / "run"
+    (out / "outcomes").mkdir(parents=True)
+    (out / "outcomes" / "sft.jsonl").write_text(lost_rows + "\n")
+    (out / "stages.json").write_text(json.dumps({
+        "eval_sft": {"seconds": 10.0, "done": True},
+        "lost": {"sft": {"seconds": 60.0, "loss_first": 2.0, "loss_last": 0.5}}, "sft": {"seconds": 0.0}}))
+    run = Run(RealModelConfig(out_dir=str(out), measurements_dir=str(measured)), Console(quiet=True), True)
+    run.check_redone_sft([2.1] + [0.4] * 10)
+
+    assert not run.done("eval_sft") and run.stages["sft"]["redone"]["same_losses"] is False
+    assert (out / "outcomes" / "sft_of_lost_start.jsonl").exists() and not (out / "outcomes" / "sft.jsonl").exists()
+    run.finish("sft", 1.0)   # publishes and commits
+    committed = git(repo, "ls-tree", "-r", "--name-only", "HEAD").split()
+    assert "measured/outcomes/sft.jsonl" not in committed
+    assert "measured/outcomes/sft_of_lost_start.jsonl" in committed
+    assert git(repo, "status", "--porcelain").strip() == ""
