@@ -29,7 +29,7 @@ KV_CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ els
 class PreallocatedLayer(DynamicLayer):
     """A layer's KV cache written in place into room for the whole reply, instead of concatenated anew each step:
     on a CPU the concatenation copies every layer's cache once per decode step, and was a third of a step's time
-    (SmolLM2-135M, batch 16, ~400-token prompts; benchmarks/real_model_cost.py). Attention reads a view of the
+    (SmolLM2-135M, batch 16, ~400-token prompts; benchmarks/decode_cache.py). Attention reads a view of the
     filled part, so it sees exactly what the growing cache holds."""
 
     def __init__(self, capacity: int) -> None:
@@ -142,14 +142,13 @@ def length_groups(lengths: Sequence[int], group_overhead: float) -> list[list[in
     return groups[::-1]
 
 
-def stop_string_steps(tokenizer, token_ids: Tensor, stops: Sequence[str]) -> list[int | None]:
-    """Per row of the samples so far [B, S]: S - 1 if a stop string is in the decoded last tokens, else None. A stop
-    string of n characters lies within the last n tokens; checked after every step, a live row's first hit is the
-    step that completed it."""
+def stop_string_hits(tokenizer, step_ids: Sequence[Tensor], stops: Sequence[str]) -> list[bool]:
+    """Per row of the samples so far (one [B] tensor a step): whether a stop string is in its decoded last tokens. A
+    stop string of n characters lies within the last n tokens; checked after every step, a live row's first hit is
+    the step that completed it."""
     window = max(len(s) for s in stops)
-    tails = tokenizer.batch_decode(token_ids[:, -window:].tolist(), skip_special_tokens=False)
-    last = token_ids.shape[1] - 1
-    return [last if any(s in tail for s in stops) else None for tail in tails]
+    tails = tokenizer.batch_decode(torch.stack(step_ids[-window:], 1).tolist(), skip_special_tokens=False)
+    return [any(s in tail for s in stops) for tail in tails]
 
 
 def completions_from_steps(token_ids: Tensor, log_probs: Tensor, stop_ids: Sequence[int],
@@ -267,12 +266,10 @@ class TransformersBackend(GenerationBackend):
                 step_log_probs.append(next_log_probs)
                 step_entropies.append(entropy_from_log_probs(log_probs))
                 if sampling.stop:   # before this step's stop ids count: a row that ends here by either is cut here
-                    live = (~finished).tolist()
-                    hits = stop_string_steps(self.tokenizer, torch.stack(step_ids, 1), sampling.stop)
-                    for row, hit in enumerate(hits):
-                        if live[row] and hit is not None:
-                            stop_steps[row] = hit
-                            finished[row] = True
+                    hits = stop_string_hits(self.tokenizer, step_ids, sampling.stop)
+                    for row, (live, hit) in enumerate(zip((~finished).tolist(), hits)):
+                        if live and hit:
+                            stop_steps[row], finished[row] = step, True
                 finished |= torch.isin(next_ids, stop_ids)
                 if bool(finished.all()):
                     break
