@@ -89,6 +89,24 @@ def cpu_model() -> str:
     return platform.processor()
 
 
+# The instruction sets a CPU float kernel may dispatch on: two machines that differ in one sum in another order.
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def kernel_identity() -> dict:
+    """What a run's floats depend on besides its code and inputs: the CPU, the instruction sets its kernels may
+    use, torch's version and threads, and this boot of the machine (same-kind CPUs have differed in the last bits)."""
+    import torch
+
+    flags: set[str] = set()
+    if os.path.isfile("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as lines:
+            flags = next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    return {"cpu": cpu_model(), "kernel_flags": [f for f in KERNEL_FLAGS if f in flags], "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "boot": boot.read_text().strip() if boot.exists() else ""}
+
+
 def reference_step_seconds(repeats: int = 3, seed: int = 0) -> float:
     """Seconds for one fixed training step of a tiny Qwen2 (forward + backward, 8 x 256 tokens) at torch's
     current thread count, best of `repeats`: a machine's speed at the work the CPU studies do, so that times

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
-from benchlib import commit, pick_games  # noqa: E402
+from benchlib import commit, kernel_identity, pick_games  # noqa: E402
 from real_model_results import category_table, curve_points, expert_record, merge_curve, paired_rl_gain, plot  # noqa: E402,E501
 from run_carry import pack, round_trained_matrices_to_bf16, unpack  # noqa: E402
 from trainer_client import config  # noqa: E402
@@ -246,7 +246,7 @@ class Run:
         self.finish("sft", time.perf_counter() - started, turns=len(samples),
                     prompt_tokens_mean=sum(prompt_tokens) / len(prompt_tokens),
                     response_tokens_mean=sum(len(s.response_ids) for s in samples) / len(samples),
-                    loss_first=losses[0], loss_last=sum(losses[-10:]) / len(losses[-10:]))
+                    loss_first=losses[0], loss_last=sum(losses[-10:]) / len(losses[-10:]), machine=kernel_identity())
 
     async def train_rl(self) -> None:
         started = time.perf_counter()
@@ -324,7 +324,9 @@ class Run:
         if lost is None:
             return
         same = lost["loss_first"] == losses[0] and lost["loss_last"] == sum(losses[-10:]) / len(losses[-10:])
-        self.stages["sft"]["redone"] = {"same_losses": same, "lost_seconds": lost["seconds"]}
+        # Same code and data on another machine of the same kind has come out different in the last bits.
+        machine = "unknown" if "machine" not in lost else "same" if lost["machine"] == kernel_identity() else "another"
+        self.stages["sft"]["redone"] = {"same_losses": same, "lost_seconds": lost["seconds"], "machine": machine}
         if not same and self.outcomes_file("sft").exists():
             self.outcomes_file("sft").rename(self.outcomes_file("sft_of_lost_start"))
             committed = REPO / self.cfg.measurements_dir / "outcomes" / "sft.jsonl"
@@ -333,7 +335,7 @@ class Run:
                 self.removed.append(committed)
             self.stages.pop("eval_sft", None)
         self.note(f"SFT ran again: {'the same' if same else '[yellow]a different'} model "
-                  f"(loss {losses[0]} vs {lost['loss_first']})")
+                  f"(loss {losses[0]} vs {lost['loss_first']}; the lost start's machine: {machine})")
         self.save_stages()
 
     def carry_rl(self, checkpoint: Path, now: bool = False) -> None:

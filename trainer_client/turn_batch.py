@@ -8,7 +8,7 @@ without bookkeeping.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 from torch import Tensor
@@ -24,11 +24,15 @@ def turn_samples(episodes: Sequence[EpisodeRecord]) -> list[TurnSample]:
 
 
 @torch.no_grad()
-def with_trunk_features(policy, samples: Sequence[TurnSample], micro_batch_tokens: int) -> list[TurnSample]:
+def with_trunk_features(policy, samples: Sequence[TurnSample], micro_batch_tokens: int,
+                        only: Collection[int] | None = None) -> list[TurnSample]:
     """The samples again, each carrying the output of the policy's frozen lower layers for its tokens
-    (Policy.trunk_features), computed once in micro-batches: later passes run only the trained top layers."""
+    (Policy.trunk_features), computed once in micro-batches: later passes run only the trained top layers.
+    `only`: just the micro-batches holding these indices (the others come back as they were)."""
     out = list(samples)
     for group in micro_batches([len(s) for s in samples], micro_batch_tokens):
+        if only is not None and not any(i in only for i in group):
+            continue
         chosen = [samples[i] for i in group]
         features = policy.trunk_features(TokenBatch.from_samples(chosen, pad_id(policy.tokenizer))).cpu()
         for row, (i, s) in enumerate(zip(group, chosen)):

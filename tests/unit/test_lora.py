@@ -9,6 +9,7 @@ import torch
 
 from policy_fixtures import toy_turns, turn_samples
 from trainer_client.policy import Policy, TokenBatch, build_tiny_checkpoint, pad_id
+from trainer_client.policy.token_batch import micro_batches
 from trainer_client.policy.generation import SamplingConfig, TransformersBackend
 from trainer_client.policy.lora import LoraConfig, LoraLinear, adapters_disabled, decoder_layers
 from trainer_client.policy.model import ADAPTERS_FILE, AdaptersOff
@@ -57,6 +58,21 @@ def test_trunk_then_top_layers_equal_the_whole_forward(micro_checkpoint, autocas
     assert torch.allclose(got.values, expected.values, atol=tolerance)
     same_batch = split(batch_of(split, with_trunk_features(split, samples, micro_batch_tokens=10**6)))
     assert torch.equal(same_batch.log_probs, expected.log_probs)   # same shapes: the same numbers exactly
+
+
+def test_trunk_features_for_only_some_samples_are_those_of_the_whole_pass(micro_checkpoint):
+    split = load(micro_checkpoint, trainable_layers=1)
+    samples = turn_samples(split, 6)
+    everything = with_trunk_features(split, samples, micro_batch_tokens=200)
+    some = with_trunk_features(split, samples, micro_batch_tokens=200, only={0})
+    groups = micro_batches([len(s) for s in samples], 200)
+    group_of_0 = next(g for g in groups if 0 in g)
+    assert len(groups) > 1 and len(group_of_0) < len(samples)
+    for i, sample in enumerate(some):
+        if i in group_of_0:   # computed in the same micro-batch, so bit for bit the whole pass's
+            assert torch.equal(sample.trunk, everything[i].trunk)
+        else:
+            assert sample.trunk is None
 
 
 def test_top_layers_alone_learn(micro_checkpoint):

@@ -47,3 +47,19 @@ def test_a_different_sft_start_removes_the_committed_evaluation_in_the_next_comm
     assert "measured/outcomes/sft.jsonl" not in committed
     assert "measured/outcomes/sft_of_lost_start.jsonl" in committed
     assert git(repo, "status", "--porcelain").strip() == ""
+
+
+def test_a_redone_sft_says_whether_the_lost_start_came_from_this_machine(tmp_path):
+    from benchlib import kernel_identity
+
+    here = kernel_identity()
+    assert here["cpu"] and here["torch"]
+    elsewhere = here | {"boot": "another boot"}
+    for lost_machine, expected in ((here, "same"), (elsewhere, "another"), (None, "unknown")):
+        out = tmp_path / expected
+        out.mkdir()
+        lost = {"seconds": 1.0, "loss_first": 2.0, "loss_last": 0.5} | ({"machine": lost_machine} if lost_machine else {})
+        (out / "stages.json").write_text(json.dumps({"lost": {"sft": lost}, "sft": {"seconds": 0.0}}))
+        run = Run(RealModelConfig(out_dir=str(out), measurements_dir=str(tmp_path / "m")), Console(quiet=True), False)
+        run.check_redone_sft([2.0] + [0.5] * 10)
+        assert run.stages["sft"]["redone"] == {"same_losses": True, "lost_seconds": 1.0, "machine": expected}
