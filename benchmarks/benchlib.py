@@ -89,6 +89,27 @@ def cpu_model() -> str:
     return platform.processor()
 
 
+def settle_official_alfworld_command(parser, cfg, rl_preset: Path, rl_overrides: Sequence[str], dry_run: bool,
+                                     target: str) -> bool:
+    """The real-model commands' checks before any work: their RL preset loads with its overrides (a typo fails
+    now, not hours in), --dry-run prints the config and ends the command (True), and the official ALFWorld games
+    are reachable (ALFWORLD_DATA)."""
+    from trainer_client import config
+    from trainer_client.train_config import TrainConfig
+
+    try:
+        config.load(TrainConfig, rl_preset, list(rl_overrides))
+    except config.ConfigError as error:
+        config.fail(parser.prog, error)
+    if dry_run:
+        config.print_config(cfg)
+        return True
+    if not os.environ.get("ALFWORLD_DATA"):
+        parser.error("it plays the official ALFWorld games: set ALFWORLD_DATA to the folder holding json_2.1.1/ "
+                     f"(`{target}` does where its DATA_ROOT has them; limen-data fetch alfworld; docs/DATA.md)")
+    return False
+
+
 # The instruction sets a CPU float kernel may dispatch on: two machines that differ in one sum in another order.
 KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
-from benchlib import commit, kernel_identity, pick_games  # noqa: E402
+from benchlib import commit, kernel_identity, pick_games, settle_official_alfworld_command  # noqa: E402
 from real_model_results import category_table, curve_points, expert_record, merge_curve, paired_rl_gain, plot  # noqa: E402,E501
 from run_carry import pack, round_trained_matrices_to_bf16, unpack  # noqa: E402
 from trainer_client import config  # noqa: E402
@@ -468,17 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_intermixed_args(argv)
     args.config = str(REPO / (args.config or DEFAULT_CONFIG))
     cfg = config.config_from_args(RealModelConfig, parser, args)
-    try:
-        config.load(TrainConfig, REPO / cfg.rl_preset, list(cfg.rl_overrides))   # a typo fails before any work
-    except config.ConfigError as error:
-        config.fail(parser.prog, error)
-    if args.dry_run:
-        config.print_config(cfg)
+    if settle_official_alfworld_command(parser, cfg, REPO / cfg.rl_preset, cfg.rl_overrides, args.dry_run,
+                                        "make real-model"):
         return 0
-    if not os.environ.get("ALFWORLD_DATA"):
-        parser.error("the run plays the official ALFWorld games: set ALFWORLD_DATA to the folder holding "
-                     "json_2.1.1/ (`make real-model` does where its DATA_ROOT has them; limen-data fetch alfworld; "
-                     "docs/DATA.md)")
     if args.carry_latest:
         if not cfg.carry_dir:
             parser.error("--carry-latest needs carry_dir=FOLDER (one that outlives this machine)")

@@ -39,7 +39,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 
-from benchlib import pick_games  # noqa: E402
+from benchlib import pick_games, settle_official_alfworld_command  # noqa: E402
 from trainer_client import config  # noqa: E402
 from trainer_client.checkpoints import latest_policy  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
@@ -291,17 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     preset = args.config or (CUDA_CONFIG if (config.alias_value(args, "device") or "").startswith("cuda") else CPU_CONFIG)
     args.config = str(REPO / preset if not Path(preset).is_absolute() else preset)
     cfg = config.config_from_args(CheckConfig, parser, args)
-    try:
-        config.load(TrainConfig, REPO / cfg.rl_preset, list(cfg.rl_overrides))  # a typo fails before any work
-    except config.ConfigError as error:
-        config.fail(parser.prog, error)
-    if args.dry_run:
-        config.print_config(cfg)
+    if settle_official_alfworld_command(parser, cfg, REPO / cfg.rl_preset, cfg.rl_overrides, args.dry_run,
+                                        "make real-model-check"):
         return 0
-    if not os.environ.get("ALFWORLD_DATA"):
-        parser.error("the check plays the official ALFWorld games: set ALFWORLD_DATA to the folder holding "
-                     "json_2.1.1/ (`make real-model-check` does where its DATA_ROOT has them; limen-data fetch "
-                     "alfworld; docs/DATA.md)")
     if cfg.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     results = asyncio.run(run(cfg, Console(stderr=True)))

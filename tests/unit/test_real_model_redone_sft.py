@@ -63,3 +63,19 @@ def test_a_redone_sft_says_whether_the_lost_start_came_from_this_machine(tmp_pat
         run = Run(RealModelConfig(out_dir=str(out), measurements_dir=str(tmp_path / "m")), Console(quiet=True), False)
         run.check_redone_sft([2.0] + [0.5] * 10)
         assert run.stages["sft"]["redone"] == {"same_losses": True, "lost_seconds": 1.0, "machine": expected}
+
+
+def test_both_real_model_commands_check_their_preset_and_the_data_before_any_work(monkeypatch, capsys):
+    import pytest
+    import real_model
+    import real_model_check
+
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    for main in (real_model.main, real_model_check.main):
+        with pytest.raises(SystemExit) as ended:
+            main(["rl_overrides=[optim.no_such_setting=1]"])
+        assert ended.value.code != 0 and "no_such_setting" in capsys.readouterr().err
+        with pytest.raises(SystemExit) as ended:
+            main([])
+        assert ended.value.code == 2 and "set ALFWORLD_DATA" in capsys.readouterr().err
+        assert main(["--dry-run"]) == 0 and "rl_preset" in capsys.readouterr().out
