@@ -1,6 +1,7 @@
-"""`make real-model` after its SFT start was lost: when SFT comes out a different model, the committed evaluation of
-the lost start is set aside, and the next stage's commit records its removal, so a fresh machine taking up the
-committed outcomes cannot pair RL against a start it did not begin from."""
+"""`make real-model`'s bookkeeping, without the model: after its SFT start was lost, a different new start sets the
+committed evaluation of the lost one aside and the next stage's commit records its removal (so a fresh machine
+cannot pair RL against a start it did not begin from), a redone SFT says whether it ran on the lost start's machine,
+and both real-model commands check their preset and the data before any work."""
 
 from __future__ import annotations
 
