@@ -93,6 +93,12 @@ class StudyConfig:
     arm_overrides: dict[str, list[str]] = field(default_factory=dict)
     """Extra key=value overrides of one arm's RL config, e.g. {ppo_critic_verl: [optim.critic_lr=1e-3]}."""
     model_size: str = "tiny"
+    whole_word_pattern: str = ""
+    """Words of the expert play's text matching this regex become single tokens of each seed's tiny tokenizer
+    (WebShop's product ids, as in its demo). Empty: none."""
+    score: bool = False
+    """Also pair each episode's score (its reward; WebShop's Score is the mean x 100) beside success: for an env
+    whose reward grades a purchase that is nearly right."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """Each seed's warm start on expert play of train_split, which every arm of the seed starts from."""
     estimate_iterations: int = 2

@@ -123,6 +123,20 @@ def gains_table(split_summary_: Mapping) -> str:
     return "\n".join(lines)
 
 
+def score_lines(split_summary_: Mapping) -> list[str]:
+    """The score beside success (StudyConfig.score): per arm its mean and paired gain over the SFT start, the
+    verdicts of boundary against each baseline, and every comparison, in points of the full score (100)."""
+    score = split_summary_["score"]
+    lines = ["| Method | seeds | score (mean over seeds) | SFT start | paired gain over SFT [95 % CI], seeds resampled "
+             "| seeds fixed |", "|---|---|---|---|---|---|"]
+    for arm, s in score["arms"].items():
+        lines.append(f"| {arm} | {len(s['seeds'])} | {points(s['mean'])} | {points(s['sft_mean'])} | "
+                     f"{seed_interval_text(s['gain'])} | {interval_text(s['gain'])} |")
+    lines += [""] + [f"- Score, boundary against {gain['b']}: " + verdict("boundary", gain["b"], gain) + "."
+                     for gain in score["comparisons"].values() if gain["a"] == "boundary"]
+    return lines
+
+
 def comparisons_table(split_summary_: Mapping) -> str:
     """Each paired comparison, overall and per task category."""
     comparisons = split_summary_["comparisons"]
@@ -306,6 +320,8 @@ def render_results(results: StudyResults, summary: Mapping, command: str, interp
             continue
         out += [gains_table(split_summary_), "", ("Paired differences in points, a minus b [95 % CI], on all games "
                 "and per task category:"), "", comparisons_table(split_summary_)]
+        if "score" in split_summary_:
+            out += ["", f"Score (mean reward x 100) on `{split}`, paired the same way:", "", *score_lines(split_summary_)]
     for split in cfg.eval_splits:
         files = table_files(results, split)
         out += ["", f"## Held-out success per category on `{split}`", ""]

@@ -28,6 +28,7 @@ from trainer_client.evaluate import evaluate, subset
 from trainer_client.experts import expert_episodes, expert_samples, expert_texts
 from trainer_client.local_server import local_env_server
 from trainer_client.policy import Policy, TransformersBackend, build_tiny_checkpoint
+from trainer_client.policy.tokenizer import words_matching
 from trainer_client.sft import fit
 from trainer_client.sft_config import expert_tasks
 from trainer_client.timing import mean_stage_seconds
@@ -127,7 +128,8 @@ async def warm_start(pool: EnvPool, cfg: StudyConfig, seed: int, tasks: Mapping[
                                         mistake_rate=cfg.sft.mistake_rate)
         expert_s = time.perf_counter() - started
         texts = [text for pair in expert_texts(experts, cfg.rl.prompt) for text in pair]
-        policy = Policy.load(build_tiny_checkpoint(texts, out / "base", size=cfg.model_size, seed=seed))
+        policy = Policy.load(build_tiny_checkpoint(texts, out / "base", size=cfg.model_size, seed=seed,
+                                                   whole_words=words_matching(texts, cfg.whole_word_pattern)))
         samples = expert_samples(policy.tokenizer, experts, cfg.rl.prompt)
         model_s = time.perf_counter() - started - expert_s
         losses = fit(policy, samples, cfg.sft, seed=seed, console=console)

@@ -72,9 +72,10 @@ def seed_success(evaluation: Mapping) -> float:
     return statistics.fmean(run["success"] for run in evaluation["runs"])
 
 
-def game_outcomes(by_seed: Mapping[int, Mapping], split: str, category: str | None = None) -> dict[tuple, float]:
-    """{(task id, (training seed, eval seed)): 1.0 won, 0.0 lost}: every episode one label played on `split`
-    (of one task category, or all). Dropped episodes are absent, so a pairing leaves them out on both sides.
+def game_outcomes(by_seed: Mapping[int, Mapping], split: str, category: str | None = None,
+                  metric: str = "won") -> dict[tuple, float]:
+    """{(task id, (training seed, eval seed)): 1.0 won, 0.0 lost (or its score)}: every episode one label played on
+    `split` (of one task category, or all). Dropped episodes are absent, so a pairing leaves them out on both sides.
     The training seed joins the eval seed in the key's second place, so trainer_client.paired averages a
     game over both."""
     outcomes = {}
@@ -83,12 +84,14 @@ def game_outcomes(by_seed: Mapping[int, Mapping], split: str, category: str | No
             continue
         runs = [{"outcomes": [o for o in run["outcomes"] if category is None or o["category"] == category]}
                 for run in result["evaluations"][split]["runs"]]
-        outcomes |= {(task_id, (seed, eval_seed)): won for (task_id, eval_seed), won in outcome_values(runs).items()}
+        outcomes |= {(task_id, (seed, eval_seed)): value
+                     for (task_id, eval_seed), value in outcome_values(runs, metric).items()}
     return outcomes
 
 
-def paired(a: Mapping[int, Mapping], b: Mapping[int, Mapping], split: str, category: str | None = None) -> dict | None:
-    """Success of `a` minus `b` on the episodes both played (same training seed, eval seed and game), with two
+def paired(a: Mapping[int, Mapping], b: Mapping[int, Mapping], split: str, category: str | None = None,
+           metric: str = "won") -> dict | None:
+    """Success (or score) of `a` minus `b` on the episodes both played (same training seed, eval seed and game), with two
     95 % intervals; None when they share no episode.
 
     Pooling: a game's gain is its mean over every (training seed, eval seed) pair both played; the interval
@@ -97,8 +100,8 @@ def paired(a: Mapping[int, Mapping], b: Mapping[int, Mapping], split: str, categ
     seed-aware interval beside it (seed_ci95, trainer_client.paired.seed_game_gain) resamples the training
     seeds, then the games within each, and is the one the verdicts follow; per_seed gives each seed's gain."""
     seeds = a.keys() & b.keys()
-    a_games = game_outcomes({s: a[s] for s in seeds}, split, category)
-    b_games = game_outcomes({s: b[s] for s in seeds}, split, category)
+    a_games = game_outcomes({s: a[s] for s in seeds}, split, category, metric)
+    b_games = game_outcomes({s: b[s] for s in seeds}, split, category, metric)
     if not a_games.keys() & b_games.keys():
         return None
     gain = paired_compare(before=b_games, after=a_games)
@@ -119,8 +122,8 @@ def paired(a: Mapping[int, Mapping], b: Mapping[int, Mapping], split: str, categ
 def per_seed_games(outcomes: Mapping[tuple, float]) -> dict[int, dict[str, float]]:
     """{training seed: {game: mean over its eval seeds}} from game_outcomes' keys (task id, (seed, eval seed))."""
     by_seed: dict[int, dict] = {}
-    for (task_id, (seed, eval_seed)), won in outcomes.items():
-        by_seed.setdefault(seed, {})[(task_id, eval_seed)] = won
+    for (task_id, (seed, eval_seed)), value in outcomes.items():
+        by_seed.setdefault(seed, {})[(task_id, eval_seed)] = value
     return {seed: game_means(values) for seed, values in by_seed.items()}
 
 
@@ -197,13 +200,36 @@ def split_summary(results: StudyResults, split: str) -> dict:
         if arm != "boundary" and "boundary" in arms:
             summary["time_vs_boundary"] = time_vs(results.runs[arm], results.runs["boundary"])
     primary = split == results.cfg.eval_splits[0]
-    return {"split": split, "games": max(games) if games else 0,
+    score = {"score": score_summary(results, split, sft, arms)} if results.cfg.score else {}
+    return {"split": split, "games": max(games) if games else 0, **score,
             **({"equal_time": equal_time_summary(results.runs)} if primary else {}), "sft": {
         "seeds": sorted(sft), "held_out_mean": mean_or_none(starts),
         "held_out_std": mean_std(starts)[1] if starts else None, "held_out_by_seed": starts,
         "wall_seconds": {part: statistics.fmean(r["seconds"].get(part, 0.0) for r in sft.values())
                          for part in (next(iter(sft.values()))["seconds"] if sft else {})}},
         "arms": arms, "comparisons": comparisons}
+
+
+def seed_score(evaluation: Mapping) -> float:
+    """One checkpoint's mean episode score on a split (its eval seeds pooled, as seed_success)."""
+    return statistics.fmean(run["score"] / 100 for run in evaluation["runs"])
+
+
+def score_summary(results: StudyResults, split: str, sft: Mapping[int, Mapping], arms: Iterable[str]) -> dict:
+    """The score beside success (StudyConfig.score), as a fraction of the full score: each arm's mean over seeds
+    and its paired gain over its SFT start, and every comparison, each with both intervals."""
+    def arm(name: str) -> dict:
+        seeds = sorted(s for s in results.runs[name].keys() & sft.keys() if split in results.runs[name][s]["evaluations"])
+        gain = paired({s: results.runs[name][s] for s in seeds}, {s: sft[s] for s in seeds}, split, metric="score")
+        return {"seeds": seeds, "mean": statistics.fmean(seed_score(results.runs[name][s]["evaluations"][split]) for s in seeds),
+                "sft_mean": statistics.fmean(seed_score(sft[s]["evaluations"][split]) for s in seeds),
+                "gain": gain and {k: gain[k] for k in ("gain", "ci95", "seed_ci95", "per_seed") if k in gain}}
+
+    comparisons = {f"{a} vs {b}": gain | {"a": a, "b": b}
+                   for a, b, _ in comparisons_of(arms)
+                   if (gain := paired(results.runs[a], results.runs[b], split, metric="score"))}
+    return {"sft_mean": mean_or_none([seed_score(r["evaluations"][split]) for r in sft.values()]),
+            "arms": {name: arm(name) for name in arms}, "comparisons": comparisons}
 
 
 def time_vs(runs: Mapping[int, Mapping], base: Mapping[int, Mapping]) -> dict | None:

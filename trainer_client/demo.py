@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
 import sys
 import time
 from contextlib import AbstractAsyncContextManager
@@ -31,6 +30,7 @@ from trainer_client.checkpoints import latest_policy
 from trainer_client.evaluate import EvalResult, evaluate
 from trainer_client.local_server import local_env_server
 from trainer_client.policy import Policy, TransformersBackend, build_tiny_checkpoint
+from trainer_client.policy.tokenizer import words_matching
 from trainer_client.experts import expert_episodes, expert_samples, expert_texts
 from trainer_client.sft import fit
 from trainer_client.sft_config import SFTConfig, expert_tasks
@@ -158,8 +158,7 @@ async def run(cfg: DemoConfig, console: Console) -> tuple[EvalResult, EvalResult
 
             # A tokenizer trained on the env's own text, and a tiny random-init model: nothing to download.
             texts = [t for pair in expert_texts(experts, cfg.rl.prompt) for t in pair]
-            whole_words = {w for t in texts for w in re.findall(cfg.whole_word_pattern, t)} \
-                if cfg.whole_word_pattern else set()
+            whole_words = words_matching(texts, cfg.whole_word_pattern)
             base = build_tiny_checkpoint(texts, out / "base", size=cfg.model_size, seed=cfg.seed, whole_words=whole_words)
             policy = Policy.load(base)
             n_params = sum(p.numel() for p in policy.model.parameters())

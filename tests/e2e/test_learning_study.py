@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import statistics
 import subprocess
 from pathlib import Path
@@ -88,6 +89,24 @@ def test_smoke_study_runs_every_core_algorithm_on_the_same_episodes(smoke_run):
         config = (smoke_run / "seed_0" / arm / "config.yaml").read_text()
         assert f"path: {smoke_run / 'seed_0' / 'sft'}" in config
     assert (smoke_run / "results_learning_curves.png").stat().st_size > 10_000
+
+
+def test_the_webshop_study_runs_every_core_arm_and_pairs_the_score(study, tmp_path):
+    """configs/study_webshop.yaml, shrunk to a minute: product ids are whole tokens of the seed's tokenizer, and the
+    summary and RESULTS.md pair the score beside success."""
+    from transformers import AutoTokenizer
+
+    out = tmp_path / "study_webshop"
+    assert study.main(["--config", str(ROOT / "configs" / "study_webshop.yaml"), f"out_dir={out}", f"report_dir={out}",
+                       f"measurements_dir={out / 'measurements'}", "--threads", "2", "seeds=[0]", "eval_seeds=[0]",
+                       "eval_episodes={test: 4}", "sft.episodes=8", "sft.epochs=0.5", "rl.iterations=1",
+                       "rl.episodes_per_iteration=8", "rl.save_every=1", "curve_episodes=2", "model_size=micro"]) == 0
+    vocabulary = AutoTokenizer.from_pretrained(out / "seed_0" / "base").get_vocab()
+    assert any(re.fullmatch(r"s\d{9}", token) for token in vocabulary)
+    summary = read(out / "measurements" / "summary.json")
+    assert summary["env"] == "webshop" and set(summary["score"]["arms"]) == set(CORE)
+    assert set(summary["score"]["comparisons"]) >= {f"boundary vs {arm}" for arm in CORE[1:]}
+    assert "Score (mean reward x 100) on `test`" in (out / "RESULTS.md").read_text()
 
 
 def test_summary_json_is_computed_from_the_results_files(smoke_run):
@@ -314,6 +333,28 @@ def test_summary_and_answers_are_computed_from_the_numbers():
     assert "| boundary | 3 | 75.0 ± 0.0 | 12.5 | +62.5 [" in markdown
     assert "## Interpretation (the lead's)\n\nIt learned." in markdown and "Preliminary" not in markdown
     assert "> **Incomplete**" not in markdown
+
+
+def test_the_score_is_paired_beside_success_when_the_study_asks_for_it():
+    results = made_up_results()
+    assert "score" not in study_stats.study_summary(results, "cmd")
+    # Boundary's lost games still earn half the score (a purchase nearly right), grpo's nothing: the scores part.
+    for by_seed in results.runs["boundary"].values():
+        for run in by_seed["evaluations"]["test"]["runs"]:
+            for outcome in run["outcomes"]:
+                outcome["score"] = 1.0 if outcome["won"] else 0.5
+            run["score"] = 100 * statistics.fmean(o["score"] for o in run["outcomes"])
+    graded = study_stats.StudyResults(dataclasses.replace(results.cfg, score=True), results.sft, results.runs, {})
+    summary = study_stats.study_summary(graded, "cmd")
+    score, success = summary["score"], summary["arms"]["boundary"]
+    assert score["sft_mean"] == 0.125 and score["arms"]["boundary"]["mean"] == pytest.approx(0.875)
+    assert score["arms"]["boundary"]["gain"]["gain"] == pytest.approx(0.75) and success["gain"] == pytest.approx(0.625)
+    assert score["arms"]["boundary"]["gain"]["per_seed"] == pytest.approx({0: 0.75, 1: 0.75, 2: 0.75})
+    versus_grpo = score["comparisons"]["boundary vs grpo"]
+    assert versus_grpo["gain"] == pytest.approx((30 + 0.5 * 10 - 10) / 40) and versus_grpo["seed_ci95"][0] > 0
+    markdown = study_report.render_results(graded, summary, "cmd", interpretation=None)
+    assert "Score (mean reward x 100) on `test`" in markdown and "| boundary | 3 | 87.5 | 12.5 | +75.0 [" in markdown
+    assert "- Score, boundary against grpo: **boundary beats grpo**: +62.5 [" in markdown
 
 
 def test_time_ratios_are_taken_seed_by_seed_on_each_machines_reference_step():

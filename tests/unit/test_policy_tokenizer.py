@@ -12,6 +12,7 @@ from trainer_client.policy import Policy, assistant_turns, build_tiny_checkpoint
 from trainer_client.policy.chat import find_assistant_turns
 from trainer_client.policy.model import padded_vocab_rows
 from trainer_client.policy.tiny import TINY_SIZES
+from trainer_client.policy.tokenizer import words_matching
 
 TEXTS = [text for turn in toy_turns() for text in turn]
 
@@ -108,8 +109,9 @@ def test_a_saved_tiny_checkpoint_tokenizes_exactly_as_trained(tmp_path):
 
 def test_whole_words_are_single_tokens_after_a_save_and_load(tmp_path):
     texts = ["back to search | s000000583 | lumen pillow | s000000584 | orchard pillow", "click[s000000583]"] * 4
-    loaded = Policy.load(build_tiny_checkpoint(texts, tmp_path / "ckpt", size="micro",
-                                               whole_words=["s000000583", "s000000584"])).tokenizer
+    whole_words = words_matching(texts, r"\bs\d{9}\b")   # the WebShop presets' whole_word_pattern
+    assert whole_words == {"s000000583", "s000000584"} and words_matching(texts, "") == set()
+    loaded = Policy.load(build_tiny_checkpoint(texts, tmp_path / "ckpt", size="micro", whole_words=whole_words)).tokenizer
     reply = loaded.encode("click[s000000584]", add_special_tokens=False)
     assert loaded.convert_ids_to_tokens(reply) == ["click", "[", "s000000584", "]"]
     assert loaded.decode(reply) == "click[s000000584]"

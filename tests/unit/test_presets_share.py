@@ -102,6 +102,19 @@ def test_the_study_overrides_the_demo_only_in_iterations_layout_and_critic():
         demo.env, demo.train_split, demo.server_args, demo.model_size, demo.sft)
 
 
+def test_the_webshop_study_runs_the_webshop_demos_recipe_with_a_critic_lr():
+    """The WebShop demo and study share base/webshop_recipe.yaml; the study adds only the critic's lr."""
+    recipe = (CONFIGS / "base" / "webshop_recipe.yaml").resolve()
+    assert ("", recipe) in bases(CONFIGS / "demo_webshop.yaml") and ("", recipe) in bases(CONFIGS / "study_webshop.yaml")
+    study = config.load(study_config.StudyConfig, CONFIGS / "study_webshop.yaml")
+    demo = config.load(DemoConfig, CONFIGS / "demo_webshop.yaml")
+    assert differences(study.rl, demo.rl) == {"optim.critic_lr"}
+    assert (study.env, study.train_split, study.server_args, study.model_size, study.sft, study.whole_word_pattern) == (
+        demo.env, demo.train_split, demo.server_args, demo.model_size, demo.sft, demo.whole_word_pattern)
+    assert study.eval_splits == (demo.eval_split,) and study.eval_episodes == {demo.eval_split: demo.eval_episodes}
+    assert study.score and study.whole_word_pattern
+
+
 @pytest.mark.parametrize("name", ["alfworld_cpu-tiny.yaml", "keyrooms_cpu-tiny.yaml"])
 def test_a_cpu_preset_differs_from_the_shared_rl_block_only_where_it_says(name):
     preset = config.load(TrainConfig, CONFIGS / name)

@@ -6,6 +6,7 @@ as a real Qwen2.5 checkpoint; only the vocabulary is small (hundreds of ids inst
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -15,6 +16,11 @@ from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 from trainer_client.policy.chat import ENDOFTEXT, IM_END, IM_START, ROLES, chatml_template
 
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+
+
+def words_matching(texts: Iterable[str], pattern: str) -> set[str]:
+    """Every match of the regex `pattern` in `texts` (none for ""): the `whole_words` a preset names by pattern."""
+    return {word for text in texts for word in re.findall(pattern, text)} if pattern else set()
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency: int = 2,
