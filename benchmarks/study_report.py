@@ -124,8 +124,8 @@ def gains_table(split_summary_: Mapping) -> str:
 
 
 def score_lines(split_summary_: Mapping) -> list[str]:
-    """The score beside success (StudyConfig.score): per arm its mean and paired gain over the SFT start, the
-    verdicts of boundary against each baseline, and every comparison, in points of the full score (100)."""
+    """The score beside success (StudyConfig.score), in points of the full score (100): per arm its mean and paired
+    gain over the SFT start, then boundary's verdict against each baseline (summary.json holds every comparison)."""
     score = split_summary_["score"]
     lines = ["| Method | seeds | score (mean over seeds) | SFT start | paired gain over SFT [95 % CI], seeds resampled "
              "| seeds fixed |", "|---|---|---|---|---|---|"]

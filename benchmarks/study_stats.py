@@ -91,8 +91,8 @@ def game_outcomes(by_seed: Mapping[int, Mapping], split: str, category: str | No
 
 def paired(a: Mapping[int, Mapping], b: Mapping[int, Mapping], split: str, category: str | None = None,
            metric: str = "won") -> dict | None:
-    """Success (or score) of `a` minus `b` on the episodes both played (same training seed, eval seed and game), with two
-    95 % intervals; None when they share no episode.
+    """Success (or score) of `a` minus `b` on the episodes both played (same training seed, eval seed and game),
+    with two 95 % intervals; None when they share no episode.
 
     Pooling: a game's gain is its mean over every (training seed, eval seed) pair both played; the interval
     is a bootstrap over games (trainer_client.paired.paired_gain), the unit that was sampled. The training
@@ -219,14 +219,15 @@ def score_summary(results: StudyResults, split: str, sft: Mapping[int, Mapping],
     """The score beside success (StudyConfig.score), as a fraction of the full score: each arm's mean over seeds
     and its paired gain over its SFT start, and every comparison, each with both intervals."""
     def arm(name: str) -> dict:
-        seeds = sorted(s for s in results.runs[name].keys() & sft.keys() if split in results.runs[name][s]["evaluations"])
-        gain = paired({s: results.runs[name][s] for s in seeds}, {s: sft[s] for s in seeds}, split, metric="score")
-        return {"seeds": seeds, "mean": statistics.fmean(seed_score(results.runs[name][s]["evaluations"][split]) for s in seeds),
+        runs = results.runs[name]
+        seeds = sorted(s for s in runs.keys() & sft.keys() if split in runs[s]["evaluations"])
+        gain = paired({s: runs[s] for s in seeds}, {s: sft[s] for s in seeds}, split, metric="score")
+        return {"seeds": seeds,
+                "mean": statistics.fmean(seed_score(runs[s]["evaluations"][split]) for s in seeds),
                 "sft_mean": statistics.fmean(seed_score(sft[s]["evaluations"][split]) for s in seeds),
                 "gain": gain and {k: gain[k] for k in ("gain", "ci95", "seed_ci95", "per_seed") if k in gain}}
 
-    comparisons = {f"{a} vs {b}": gain | {"a": a, "b": b}
-                   for a, b, _ in comparisons_of(arms)
+    comparisons = {f"{a} vs {b}": gain | {"a": a, "b": b} for a, b, _ in comparisons_of(arms)
                    if (gain := paired(results.runs[a], results.runs[b], split, metric="score"))}
     return {"sft_mean": mean_or_none([seed_score(r["evaluations"][split]) for r in sft.values()]),
             "arms": {name: arm(name) for name in arms}, "comparisons": comparisons}
