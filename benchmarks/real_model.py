@@ -122,10 +122,8 @@ def won_expert_episodes(expert_file: Path) -> list:
 
 
 def sft_inputs(model_dir: Path, settings: SFTConfig, prompt, episodes: Sequence) -> tuple[Policy, list]:
-    """The policy SFT trains (bf16 autocast, its top layers and adapters) and its samples: every turn of `episodes`
-    in RL's prompt layout. One function for the run and benchmarks/sft_first_loss.py, so both fit the same thing."""
-    policy = Policy.load(model_dir, use_bf16_autocast=True, trainable_layers=settings.trainable_layers,
-                         lora=settings.lora)
+    """SFT's policy and its samples (`episodes` in RL's prompt layout): the run's and sft_first_loss.py's."""
+    policy = Policy.load(model_dir, use_bf16_autocast=True, trainable_layers=settings.trainable_layers, lora=settings.lora)
     return policy, expert_samples(policy.tokenizer, episodes, prompt)
 
 
