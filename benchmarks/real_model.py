@@ -8,9 +8,9 @@ Every stage is resumable: a stage that finished is skipped, an evaluation contin
 wrote (outcomes are a function of the weights, the game and the seed, so chunking changes nothing), and RL resumes
 from its latest checkpoint. After each stage results.json, the per-episode outcomes and the plot are copied to
 `measurements_dir`, and with --commit committed there, so a run can span sessions. To go on from another machine,
-give `carry_dir` a folder that outlives this one (a mounted volume): the SFT start and every carry_every-th RL
-checkpoint are packed there as what differs from the fetched model (benchmarks/run_carry.py), and a run that finds no
-out_dir takes up from the measurements and that folder. The carry is not committed: the SFT start alone is 57 MB.
+the SFT start and every carry_every-th RL checkpoint are packed into `carry_dir` as LoRA adapters (committed with the
+measurements; benchmarks/real_model_carry.py), and a run that finds no out_dir takes up from the measurements and
+that folder; an evaluation also commits its outcomes so far every publish_every_s.
 
 Protocol (the anchor's): the official games; SFT and RL on valid_train only; evaluation on valid_seen (140) and
 valid_unseen (134) with a 50-turn cap at T = 0.4, each game with every eval seed; the RL gain is paired over the
@@ -39,7 +39,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from benchlib import commit, kernel_identity, pick_games, settle_official_alfworld_command  # noqa: E402
 from real_model_results import category_table, curve_points, expert_record, merge_curve, paired_rl_gain, plot  # noqa: E402,E501
-from run_carry import pack, round_trained_matrices_to_bf16, unpack  # noqa: E402
+from real_model_carry import CarriedStages  # noqa: E402
+from run_carry import round_trained_matrices_to_bf16  # noqa: E402
 from trainer_client import config  # noqa: E402
 from trainer_client.checkpoints import checkpoint_dir, latest_checkpoint  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
@@ -92,6 +93,8 @@ class RealModelConfig:
     """Games evaluated between two appends to the outcomes file (what a kill can cost)."""
     eval_max_new_tokens: int = 24
     eval_concurrency: int = 32
+    publish_every_s: float = 1800.0
+    """An evaluation publishes (and with --commit commits) its outcomes so far this often: what a lost machine costs."""
     rl_preset: str = "configs/alfworld_smollm2-135m.yaml"
     """The limen-train preset of the RL stage (model.path, env.servers and run_dir are set here)."""
     rl_overrides: tuple[str, ...] = ()
@@ -106,8 +109,9 @@ class RealModelConfig:
     prompting_seeds: tuple[int, ...] = (0,)
     prompting_max_new_tokens: int = 64
     carry_dir: str = ""
-    """A folder that outlives the machine, where the SFT start (57 MB) and RL checkpoints (16 MB each) are packed
-    for a run that goes on elsewhere; "" = none (a fresh machine trains SFT again and RL from its start)."""
+    """Where the SFT start and RL checkpoints are packed for a run that goes on elsewhere (real_model_carry.py):
+    relative, inside the repository (committed with the measurements: LoRA adapters, ~2.6 MB a pack), or a folder
+    that outlives the machine; "" = none (a fresh machine trains SFT again and RL from its start)."""
     carry_every: int = 4
     """Every carry_every-th RL checkpoint (and the last) is packed into carry_dir: a run that goes on from another
     machine loses at most that many iterations."""
@@ -127,8 +131,10 @@ def sft_inputs(model_dir: Path, settings: SFTConfig, prompt, episodes: Sequence)
     return policy, expert_samples(policy.tokenizer, episodes, prompt)
 
 
-class Run:
+class Run(CarriedStages):
     """The stages over one env server; every file under out_dir, the stage clock in stages.json."""
+
+    repo = REPO
 
     def __init__(self, cfg: RealModelConfig, console: Console, commit_each_stage: bool) -> None:
         self.cfg, self.console, self.commit_each_stage = cfg, console, commit_each_stage
@@ -140,9 +146,10 @@ class Run:
         self.model_dir: Path | None = None
         self.pool: EnvPool | None = None
         self.address = ""
-        self.carry = Path(cfg.carry_dir) if cfg.carry_dir else None
+        self.carry = REPO / cfg.carry_dir if cfg.carry_dir else None   # relative: inside the repository
         self.rl_clock = 0.0
         self.removed: list[Path] = []   # measurement files set aside: the next publish commits their removal
+        self.published = time.monotonic()
 
     def note(self, message: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}", highlight=False)
@@ -212,6 +219,8 @@ class Run:
                         now = time.perf_counter()   # the stage's clock advances chunk by chunk: a kill loses one
                         self.add_time(stage, now - clock)
                         clock = now
+                        if time.monotonic() - self.published > self.cfg.publish_every_s:   # a lost machine too
+                            self.publish(f"Real model (issue 34): {label}, {len(rows)} episodes so far")
             del policy, backend
         rows = self.outcomes(label)
         for split in splits:
@@ -246,8 +255,7 @@ class Run:
         losses = fit(policy, samples, settings, seed=self.cfg.seed, console=self.console)
         round_trained_matrices_to_bf16(policy.model)   # they only ever enter products as bf16; half the carry
         policy.save(self.out / "sft")
-        if self.carry:
-            pack(self.out / "sft", self.model_dir, self.carry / "sft")
+        self.carry_sft()
         (self.out / "sft_losses.json").write_text(json.dumps(losses))
         self.stages["sft"] = {"seconds": 0.0}   # a run again after a loss starts the clock anew
         self.check_redone_sft(losses)
@@ -301,95 +309,6 @@ class Run:
                          "stretch": 0.544}
         return out
 
-    # -- carrying the run to a fresh machine ------------------------------------------------------------------------
-
-    def restore(self) -> None:
-        """On a machine holding none of this run (a new session's), take up the committed stage clock and outcomes,
-        and from carry_dir the SFT start and the latest carried RL checkpoint. A finished stage whose product
-        was not carried runs again (train_sft checks that it makes the same model)."""
-        measured = REPO / self.cfg.measurements_dir
-        if self.stages_file.exists() or not (measured / "stages.json").exists():
-            return
-        self.stages = json.loads((measured / "stages.json").read_text())
-        for source in sorted((measured / "outcomes").glob("*.jsonl")):
-            self.outcomes_file(source.stem).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, self.outcomes_file(source.stem))
-        if self.carry and (self.carry / "sft").is_dir():
-            unpack(self.carry / "sft", self.model_dir, self.out / "sft")
-            self.note(f"restored the SFT start from {self.carry / 'sft'}")
-        elif self.done("sft"):
-            self.stages["lost"] = {stage: self.stages.pop(stage) for stage in ("expert", "sft")}
-            self.note("[yellow]the SFT start was not carried to this machine: expert play and SFT run again")
-        if self.carry and (self.carry / "rl").is_dir() and "lost" not in self.stages:
-            folder = self.unpack_rl()
-            self.note(f"restored RL checkpoint {folder.name} from {self.carry / 'rl'}")
-        self.save_stages()
-
-    def check_redone_sft(self, losses: Sequence[float]) -> None:
-        """SFT ran again after its product was lost: the evaluation of the lost start stands only if the new
-        start is the same model (its first loss and last-ten mean equal, to the last bit); otherwise it is set aside and runs again."""
-        lost = self.stages.pop("lost", {}).get("sft")
-        if lost is None:
-            return
-        same = lost["loss_first"] == losses[0] and lost["loss_last"] == sum(losses[-10:]) / len(losses[-10:])
-        # Same code and data on another machine of the same kind has come out different in the last bits.
-        machine = "unknown" if "machine" not in lost else "same" if lost["machine"] == kernel_identity() else "another"
-        self.stages["sft"]["redone"] = {"same_losses": same, "lost_seconds": lost["seconds"], "machine": machine}
-        if not same and self.outcomes_file("sft").exists():
-            self.outcomes_file("sft").rename(self.outcomes_file("sft_of_lost_start"))
-            committed = REPO / self.cfg.measurements_dir / "outcomes" / "sft.jsonl"
-            if committed.exists():   # else a fresh machine would take up the lost start's outcomes
-                committed.unlink()
-                self.removed.append(committed)
-            self.stages.pop("eval_sft", None)
-        self.note(f"SFT ran again: {'the same' if same else '[yellow]a different'} model "
-                  f"(loss {losses[0]} vs {lost['loss_first']}; the lost start's machine: {machine})")
-        self.save_stages()
-
-    def carry_rl(self, checkpoint: Path, now: bool = False) -> None:
-        """Pack an RL checkpoint (its adapters, optimizer state and the run's logs; the merged weights are made
-        again from the SFT start) into carry_dir/rl: every carry_every-th iteration, the last, or `now`."""
-        iteration = int(checkpoint.name.split("_")[1])
-        if not now:
-            clock = time.perf_counter()
-            self.add_time("rl", clock - self.rl_clock)
-            self.rl_clock = clock
-        due = now or (iteration + 1) % self.cfg.carry_every == 0 or iteration + 1 == self.rl_cfg.iterations
-        if self.carry is None or not due:
-            return
-        staged = self.carry / "rl.tmp"
-        shutil.rmtree(staged, ignore_errors=True)
-        lora = self.rl_cfg.model.lora.enabled
-        pack(checkpoint / "policy", self.out / "sft", staged / "policy", keep_weights=not lora)
-        shutil.copy2(checkpoint / "trainer_state.pt", staged / "trainer_state.pt")
-        (staged / "run").mkdir()
-        for path in (checkpoint.parents[1]).iterdir():
-            if path.is_file() and path.suffix != ".log":
-                shutil.copy2(path, staged / "run" / path.name)
-        (staged / "checkpoint.json").write_text(json.dumps({"iteration": iteration, "lora": lora}))
-        shutil.rmtree(self.carry / "rl", ignore_errors=True)
-        staged.rename(self.carry / "rl")
-        self.note(f"RL iteration {iteration + 1} carried to {self.carry / 'rl'}")
-
-    def unpack_rl(self) -> Path:
-        packed = self.carry / "rl"
-        saved = json.loads((packed / "checkpoint.json").read_text())
-        run_dir = self.out / "rl"
-        checkpoint = checkpoint_dir(run_dir, saved["iteration"])
-        checkpoint.mkdir(parents=True, exist_ok=True)
-        for path in (packed / "run").iterdir():
-            shutil.copy2(path, run_dir / path.name)
-        shutil.copy2(packed / "trainer_state.pt", checkpoint / "trainer_state.pt")
-
-        def merged_from_adapters(folder: Path) -> None:
-            model = self.rl_cfg.model
-            Policy.load(self.out / "sft", lora=model.lora, trainable_layers=model.trainable_layers,
-                        adapters_from=folder, dtype=getattr(torch, model.dtype)).save(folder)
-
-        unpack(packed / "policy", self.out / "sft", checkpoint / "policy", derive_weights=merged_from_adapters)
-        (run_dir / "checkpoints" / "latest").write_text(checkpoint.name)
-        return checkpoint
-
     def publish(self, message: str) -> None:
         results = self.results()
         (self.out / "results.json").write_text(json.dumps(results, indent=2))
@@ -404,9 +323,13 @@ class Run:
                 destination.parent.mkdir(parents=True, exist_ok=True)
                 destination.write_bytes(source.read_bytes())
                 written.append(destination)
+        if self.carry and self.carry.is_relative_to(REPO):
+            written += sorted(p for p in self.carry.rglob("*") if p.is_file())
+        self.published = time.monotonic()
         if self.commit_each_stage and written:
             try:
                 commit(written + [p for p in self.removed if p not in written], message)
+                self.removed = []
             except RuntimeError as error:   # hours of runs must not stop on git
                 self.note(f"[yellow]commit failed: {error}")
 
@@ -481,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.carry_latest:
         if not cfg.carry_dir:
-            parser.error("--carry-latest needs carry_dir=FOLDER (one that outlives this machine)")
+            parser.error("--carry-latest needs carry_dir=FOLDER")
         run = Run(cfg, Console(stderr=True), args.commit)
         latest = latest_checkpoint(run.out / "rl")
         if latest is None:

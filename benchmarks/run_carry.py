@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 WEIGHTS = "model.safetensors"
@@ -106,7 +107,12 @@ def pack(folder: Path, base: Path, out: Path, keep_weights: bool = True) -> dict
         if not same_file(path, base / name):
             target = staged / "files" / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
+            if path.suffix == ".safetensors":   # e.g. LoRA adapters: bf16 where that loses nothing
+                tensors = load_file(path)
+                save_file({n: compact(t) for n, t in tensors.items()}, target,
+                          metadata={"dtypes": json.dumps({n: str(t.dtype) for n, t in tensors.items()})})
+            else:
+                shutil.copy2(path, target)
     (staged / MANIFEST).write_text(json.dumps(manifest, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     staged.rename(out)
@@ -124,11 +130,15 @@ def unpack(packed: Path, base: Path, folder: Path,
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir(parents=True)
     for name in manifest["files"]:
-        source = packed / "files" / name if (packed / "files" / name).is_file() else base / name
+        from_pack = (packed / "files" / name).is_file()
+        source = packed / "files" / name if from_pack else base / name
         if not source.is_file():
             raise FileNotFoundError(f"{packed} needs {name} from its base {base}, which lacks it")
         (staged / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, staged / name)
+        if from_pack and source.suffix == ".safetensors":
+            restore_dtypes(source, staged / name)
+        else:
+            shutil.copy2(source, staged / name)
     if manifest["weights_packed"]:
         rebuilt = apply_delta(load_file(base / WEIGHTS), load_file(packed / DELTA), manifest["dtypes"],
                               manifest["shapes"])
@@ -145,6 +155,15 @@ def unpack(packed: Path, base: Path, folder: Path,
     shutil.rmtree(folder, ignore_errors=True)
     staged.rename(folder)
     return folder
+
+
+def restore_dtypes(packed_file: Path, out: Path) -> None:
+    """A safetensors file `pack` stored compact, written back with every tensor in its recorded dtype."""
+    with safe_open(packed_file, "pt") as handle:
+        dtypes = json.loads((handle.metadata() or {}).get("dtypes", "{}"))
+    tensors = load_file(packed_file)
+    save_file({n: t.to(getattr(torch, dtypes.get(n, str(t.dtype)).removeprefix("torch."))) for n, t in tensors.items()},
+              out, metadata={"format": "pt"})
 
 
 def round_trained_matrices_to_bf16(model: torch.nn.Module) -> int:

@@ -154,6 +154,8 @@ def restore_optimizers(learner: Learner, state: dict) -> None:
     """The optimizer states, and what the first iteration learned about the sampler's readout (a resumed run
     must take the old log-probs from where the unbroken run took them)."""
     learner.sampler_readout_exact = state.get("sampler_readout_exact")
+    if "optimizer" not in state:   # carried without its moments (benchmarks/real_model_carry.py): Adam starts afresh
+        return
     learner.optimizer.load_state_dict(state["optimizer"])
     if learner.critic_optimizer is not None:
         learner.critic_optimizer.load_state_dict(state["critic_optimizer"])

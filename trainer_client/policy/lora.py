@@ -85,9 +85,11 @@ class LoraLinear(nn.Module):
 
     @torch.no_grad()
     def merged_weight(self) -> Tensor:
-        """The base weight with the update added, in the base's dtype."""
-        delta = (self.lora_B @ self.lora_A) * self.scale
-        return (self.base.weight.float() + delta).to(self.base.weight.dtype)
+        """The base weight with the update added, in the base's dtype. Summed in float64: with bf16-valued
+        adapters every product and sum is exact, so any machine merges to the same bits (a carried checkpoint's
+        digest, benchmarks/run_carry.py)."""
+        delta = (self.lora_B.double() @ self.lora_A.double()) * self.scale
+        return (self.base.weight.double() + delta).to(self.base.weight.dtype)
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
