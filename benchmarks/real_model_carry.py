@@ -26,7 +26,6 @@ from safetensors.torch import load_file, save_file
 from benchlib import kernel_identity
 from real_model_results import curve_points
 from run_carry import pack, unpack
-from trainer_client.checkpoints import checkpoint_dir
 from trainer_client.policy import Policy
 from trainer_client.policy.lora import LoraConfig
 from trainer_client.policy.model import ADAPTERS_FILE
@@ -47,6 +46,11 @@ def round_adapters_file(folder: Path) -> None:
     path = folder / ADAPTERS_FILE
     tensors = load_file(path)
     save_file({n: t.to(torch.bfloat16).to(t.dtype) for n, t in tensors.items()}, path, metadata={"format": "pt"})
+
+
+def carried_packs(packs: Path) -> list[Path]:
+    """The RL checkpoints packed in `packs` (iter_NNNNNN folders; not one a kill left half-written)."""
+    return sorted(p for p in packs.iterdir() if p.is_dir() and p.name.removeprefix("iter_").isdigit())
 
 
 def kept_packs(iterations: Sequence[int], latest: int, curve_every: int) -> list[int]:
@@ -95,7 +99,7 @@ class CarriedStages:
             self.note("[yellow]the SFT start was not carried to this machine: expert play and SFT run again")
         packs = self.carry / RL_PACKS if self.carry else None
         if packs and (packs / LATEST).is_file() and "lost" not in self.stages:
-            for folder in sorted(p for p in packs.iterdir() if p.is_dir()):
+            for folder in carried_packs(packs):
                 self.unpack_rl(folder, latest=folder.name == (packs / LATEST).read_text().strip())
         self.save_stages()
 
@@ -154,11 +158,11 @@ class CarriedStages:
         shutil.rmtree(packs / checkpoint.name, ignore_errors=True)
         staged.rename(packs / checkpoint.name)
         (packs / LATEST).write_text(checkpoint.name)
-        carried = sorted(int(p.name.split("_")[1]) for p in packs.iterdir() if p.is_dir() and p.name.startswith("iter_"))
+        carried = [int(p.name.removeprefix("iter_")) for p in carried_packs(packs)]
         for old in set(carried) - set(kept_packs(carried, iteration, self.cfg.curve_every)):
-            folder = checkpoint_dir(packs.parent, old).name
-            self.removed.extend(p for p in (packs / folder).rglob("*") if p.is_file())
-            shutil.rmtree(packs / folder)
+            folder = packs / f"iter_{old:06d}"
+            self.removed.extend(p for p in folder.rglob("*") if p.is_file())
+            shutil.rmtree(folder)
         self.note(f"RL iteration {iteration + 1} carried to {packs / checkpoint.name}")
         self.publish(f"Real model (issue 34): RL iteration {iteration + 1} carried")
 
