@@ -26,7 +26,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads c
 import asyncio  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
-import shutil  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
@@ -44,11 +43,9 @@ from run_carry import round_trained_matrices_to_bf16  # noqa: E402
 from trainer_client import config  # noqa: E402
 from trainer_client.checkpoints import checkpoint_dir, latest_checkpoint  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
-from trainer_client.eval_report import ALFWORLD_CATEGORIES  # noqa: E402
 from trainer_client.evaluate import evaluate  # noqa: E402
 from trainer_client.experts import expert_episodes, expert_samples, read_jsonl  # noqa: E402
 from trainer_client.local_server import local_env_server  # noqa: E402
-from trainer_client.paired import compare, outcome_values  # noqa: E402
 from trainer_client.policy import Policy, TransformersBackend  # noqa: E402
 from trainer_client.policy.lora import LoraConfig  # noqa: E402
 from trainer_client.pretrained import PACKAGED_MODELS, fetch_model  # noqa: E402

@@ -6,7 +6,6 @@ the curve reads stay."""
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
