@@ -62,6 +62,19 @@ def test_a_larger_generated_shop_holds_out_the_full_500_goal_test_split():
     assert "1000 products" in splits["test"].description
 
 
+def test_val_goals_cut_a_validation_split_off_the_end_of_train_in_the_same_shop():
+    # Settings chosen on val meet starts like the test split's (another shop's were about 0.2 weaker).
+    whole, cut = make_env().splits(), make_env(val_goals=40)
+    splits = cut.splits()
+    assert splits["test"].tasks == whole["test"].tasks
+    assert splits["train"].tasks + splits["val"].tasks == whole["train"].tasks
+    assert len(splits["val"].tasks) == 40 and "val" not in whole
+    assert cut.version == make_env().version + "+val-40"   # a pool must not mix it with the uncut train split
+    assert cut.reset("val", splits["val"].tasks[0].task_id).instruction
+    with pytest.raises(ValueError, match="val_goals must leave train"):
+        make_env(val_goals=len(whole["train"].tasks))
+
+
 def test_another_synthetic_seed_is_another_shop():
     # A validation shop for tuning (the WebShop demo's settings were chosen on seed 1, measured on seed 0).
     first, other = make_env(), make_env(synthetic_seed=1)

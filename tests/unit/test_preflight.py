@@ -67,7 +67,13 @@ def test_a_missing_data_split_is_refused_with_the_envs_hint(monkeypatch):
 
 def test_a_split_no_server_of_the_env_serves_is_refused_without_a_hint():
     report = checked("webshop", "valid_seen", servers=("127.0.0.1:50051",))
-    assert report.problems == ["env.split 'valid_seen' is not a split any webshop server serves: ['test', 'train']"]
+    assert report.problems == [
+        "env.split 'valid_seen' is not a split any webshop server serves: ['test', 'train', 'val']"]
+
+
+def test_webshop_serves_val_only_where_val_goals_cut_it():
+    assert checked("webshop", "val", server_args=("--env-option", "webshop.val_goals=100")).problems == []
+    assert checked("webshop", "val").problems and checked("webshop", "train").problems == []
 
 
 def test_bad_env_options_are_a_problem_not_a_crash():

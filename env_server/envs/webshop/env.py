@@ -2,7 +2,7 @@
 observation mode (browser: the same text, read through headless chromium from the Flask site).
 
 Task ids are goal indices in the original's seed-233 order; split test = goals 0-499, train = the
-rest. Reward is sparse success (1.0 iff the purchase scores exactly 1.0) unless `reward="score"`; the raw
+rest (less the last `val_goals`, split val, when that is set). Reward is sparse success (1.0 iff the purchase scores exactly 1.0) unless `reward="score"`; the raw
 score is always `score`.
 """
 
@@ -30,19 +30,15 @@ REWARDS = ("success", "score")
 
 
 @functools.lru_cache(maxsize=8)
-def world_splits(world: World) -> dict[str, Split]:
-    ranges = split_ranges(len(world.goals))
-    describe = {
-        "test": f"goals {ranges['test'].start}-{ranges['test'].stop - 1} of the seed-233 goal order",
-        "train": f"goals {ranges['train'].start}-{ranges['train'].stop - 1} of the seed-233 goal order",
-    }
+def world_splits(world: World, val_goals: int = 0) -> dict[str, Split]:
     return {
         name: Split(
             name,
             tuple(Task(str(i), world.goals[i].category) for i in indices),
-            description=f"{describe[name]} ({world.goal_source} goals, {len(world.catalog.products)} products)",
+            description=f"goals {indices.start}-{indices.stop - 1} of the seed-233 goal order "
+                        f"({world.goal_source} goals, {len(world.catalog.products)} products)",
         )
-        for name, indices in ranges.items()
+        for name, indices in split_ranges(len(world.goals), val_goals).items()
     }
 
 
@@ -92,6 +88,7 @@ class WebShopEnv(TextEnv):
         synthetic_products: int = WorldConfig.synthetic_products,
         synthetic_seed: int = WorldConfig.synthetic_seed,
         reward: str = "success",
+        val_goals: int = 0,
     ) -> None:
         super().__init__()
         if observation_mode not in OBSERVATION_MODES:
@@ -100,23 +97,26 @@ class WebShopEnv(TextEnv):
             raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
         self.observation_mode = observation_mode
         self.reward = reward
+        self.val_goals = val_goals
         self.world = load_world(WorldConfig(data_dir=data_dir, goals=goals, num_products=num_products,
                                             pos_tagger=pos_tagger, index_dir=index_dir,
                                             synthetic_products=synthetic_products, synthetic_seed=synthetic_seed))
         self._session: ShopSession | None = None
         self._browser = None          # a BrowserSession, started on the first browser-mode reset
         self._task: Task | None = None
+        world_splits(self.world, val_goals)   # a val_goals the shop cannot hold fails here, at start-up
 
     def splits(self) -> dict[str, Split]:
-        return world_splits(self.world)
+        return world_splits(self.world, self.val_goals)
 
     def data_hash(self) -> str:
         return self.world.digest
 
     @property
     def version(self) -> str:
-        # Another reward is another env for a replay or a pool: the version says which.
-        return super().version + ("" if self.reward == "success" else f"+reward-{self.reward}")
+        # Another reward, or a train split with goals cut off for val, is another env for a replay or a pool.
+        return (super().version + ("" if self.reward == "success" else f"+reward-{self.reward}")
+                + (f"+val-{self.val_goals}" if self.val_goals else ""))
 
     def _reset(self, split: str, task: Task, seed: int, options: dict[str, str]) -> StepResult:
         # `seed` changes nothing: a WebShop episode has no randomness once its goal is fixed.

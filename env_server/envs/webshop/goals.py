@@ -11,7 +11,9 @@ from __future__ import annotations
 import itertools
 import random
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from env_server.envs.datasets import OfflineSplits
 from env_server.envs.webshop.catalog import Catalog, Product
@@ -115,12 +117,22 @@ def ordered_goals(catalog: Catalog, human: bool) -> tuple[Goal, ...]:
     return tuple(goals)
 
 
-def split_ranges(num_goals: int) -> dict[str, range]:
-    """test = goals 0-499, train = the rest (fewer goals: test shrinks to the first tenth)."""
+def split_ranges(num_goals: int, val_goals: int = 0) -> dict[str, range]:
+    """test = goals 0-499, train = the rest (fewer goals: test shrinks to the first tenth); val_goals > 0 cuts
+    the last that many goals of train into `val`, a split to choose settings on in the test split's own shop."""
     test_size = TEST_GOALS if num_goals > 2 * TEST_GOALS else max(1, num_goals // 10)
-    return {"test": range(0, test_size), "train": range(test_size, num_goals)}
+    if not 0 <= val_goals < num_goals - test_size:
+        raise ValueError(f"val_goals must leave train at least one goal: 0 <= val_goals < {num_goals - test_size}, "
+                         f"got {val_goals}")
+    ranges = {"test": range(0, test_size), "train": range(test_size, num_goals - val_goals)}
+    return ranges | ({"val": range(num_goals - val_goals, num_goals)} if val_goals else {})
 
 
-# What a trainer's dry run checks its splits against (registry.ENV_SPLITS): every catalog, the synthetic one
-# included, is cut into the same two splits, whatever its number of goals.
-OFFLINE_SPLITS = OfflineSplits(frozenset(split_ranges(num_goals=10_000)))
+def served_splits(options: Mapping[str, Any]) -> frozenset[str]:
+    """Every catalog, the synthetic one included, is cut into the same splits whatever its number of goals: val
+    only where the val_goals option is set."""
+    return frozenset(split_ranges(num_goals=10_000, val_goals=min(1, int(options.get("val_goals", 0)))))
+
+
+# What a trainer's dry run checks its splits against (registry.ENV_SPLITS).
+OFFLINE_SPLITS = OfflineSplits(names=served_splits({"val_goals": 1}), served=served_splits)
