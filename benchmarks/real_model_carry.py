@@ -48,6 +48,11 @@ def round_adapters_file(folder: Path) -> None:
     save_file({n: t.to(torch.bfloat16).to(t.dtype) for n, t in tensors.items()}, path, metadata={"format": "pt"})
 
 
+def iteration_of(folder: Path) -> int:
+    """The iteration a checkpoint folder (or its pack) is named after: iter_NNNNNN."""
+    return int(folder.name.removeprefix("iter_"))
+
+
 def carried_packs(packs: Path) -> list[Path]:
     """The RL checkpoints packed in `packs` (iter_NNNNNN folders; not one a kill left half-written)."""
     return sorted(p for p in packs.iterdir() if p.is_dir() and p.name.removeprefix("iter_").isdigit())
@@ -99,8 +104,9 @@ class CarriedStages:
             self.note("[yellow]the SFT start was not carried to this machine: expert play and SFT run again")
         packs = self.carry / RL_PACKS if self.carry else None
         if packs and (packs / LATEST).is_file() and "lost" not in self.stages:
+            latest = (packs / LATEST).read_text().strip()
             for folder in carried_packs(packs):
-                self.unpack_rl(folder, latest=folder.name == (packs / LATEST).read_text().strip())
+                self.unpack_rl(folder, latest=folder.name == latest)
         self.save_stages()
 
     def check_redone_sft(self, losses: Sequence[float]) -> None:
@@ -128,7 +134,7 @@ class CarriedStages:
         """Pack an RL checkpoint (its adapters rounded to bf16, where its sampler stands and the run's logs; the
         merged weights are made again from the SFT start) into carry_dir/rl: every carry_every-th iteration, the
         last, or `now`; then publish, which commits it with the measurements."""
-        iteration = int(checkpoint.name.split("_")[1])
+        iteration = iteration_of(checkpoint)
         if not now:
             clock = time.perf_counter()
             self.add_time("rl", clock - self.rl_clock)
@@ -158,11 +164,10 @@ class CarriedStages:
         shutil.rmtree(packs / checkpoint.name, ignore_errors=True)
         staged.rename(packs / checkpoint.name)
         (packs / LATEST).write_text(checkpoint.name)
-        carried = [int(p.name.removeprefix("iter_")) for p in carried_packs(packs)]
-        for old in set(carried) - set(kept_packs(carried, iteration, self.cfg.curve_every)):
-            folder = packs / f"iter_{old:06d}"
-            self.removed.extend(p for p in folder.rglob("*") if p.is_file())
-            shutil.rmtree(folder)
+        carried = {iteration_of(p): p for p in carried_packs(packs)}
+        for old in set(carried) - set(kept_packs(list(carried), iteration, self.cfg.curve_every)):
+            self.removed.extend(p for p in carried[old].rglob("*") if p.is_file())
+            shutil.rmtree(carried[old])
         self.note(f"RL iteration {iteration + 1} carried to {packs / checkpoint.name}")
         self.publish(f"Real model (issue 34): RL iteration {iteration + 1} carried")
 
@@ -177,7 +182,7 @@ class CarriedStages:
                 shutil.copy2(path, run_dir / path.name)
             shutil.copy2(packed / "trainer_state.pt", checkpoint / "trainer_state.pt")
             (run_dir / "checkpoints" / LATEST).write_text(checkpoint.name)
-            iteration = int(packed.name.split("_")[1])
+            iteration = iteration_of(packed)
             self.stages.setdefault("rl", {"seconds": 0.0}).setdefault("carried", []).append(
                 {"from_iteration": iteration + 1, "adam_moments": "fresh", "machine": kernel_identity()["cpu"]})
             self.note(f"restored RL checkpoint {packed.name} from {packed.parent} (Adam's moments start afresh)")
