@@ -29,6 +29,7 @@ def main(argv: list[str]) -> int:
     gain = result.gain
     print(json.dumps({"seed": seed, "changes": changes, "split": setting.eval_split, "gain": gain.gain, "lo": gain.lo,
                       "hi": gain.hi, "before": gain.before, "after": gain.after,
+                      "gains_at": {i: [g.gain, g.lo, g.hi] for i, g in result.gains_at.items()},
                       "train_success": result.train_success, "valid_ratio": result.valid_ratio,
                       "seconds": result.seconds}))
     return 0

@@ -91,11 +91,17 @@ class ToyLearning:
     # seed 1 +0.106 (stop_on_test): off.
     stop: tuple[str, ...] = ()
     eval_split: str = "test"         # "valid" when choosing settings, so that test is looked at last
+    # Held-out evaluation of every `save_every`-th checkpoint as well as the last (0: the last only), to see
+    # whether a run's gain is still growing (benchmarks/toy_learning_setting.py).
+    save_every: int = 0
+    # 0 or less: lock-step generation batches (every live episode), so a run does not depend on env timing.
+    batch_wait_s: float = 0.02
 
 
 @dataclass(frozen=True)
 class LearningResult:
     gain: paired.PairedComparison      # after - before on the same (task, eval seed) episodes
+    gains_at: dict[int, paired.PairedComparison]   # the same for every saved checkpoint, by iterations done
     sft_loss: float
     train_success: tuple[float, ...]   # rollout success per RL iteration (T = 1)
     valid_ratio: tuple[float, ...]     # format-valid replies per RL iteration
@@ -106,7 +112,8 @@ def rl_config(setting: ToyLearning, model: Path, run_dir: Path, server: str, see
     return config.load(TrainConfig, None, [
         "algo=boundary", f"seed={seed}", f"model.path={model}", f"run_dir={run_dir}", "env.name=toy",
         f"env.servers=[{server}]", f"iterations={setting.iterations}",
-        f"episodes_per_iteration={setting.episodes_per_iteration}", f"save_every={setting.iterations}",
+        f"episodes_per_iteration={setting.episodes_per_iteration}",
+        f"save_every={setting.save_every or setting.iterations}",
         "timing_every=0", f"rollout.max_new_tokens={setting.max_new_tokens}", f"rollout.max_turns={setting.max_turns}",
         f"prompt.history_turns={setting.history_turns}",
         f"prompt.history_obs_max_words={setting.history_obs_max_words}",
@@ -115,7 +122,7 @@ def rl_config(setting: ToyLearning, model: Path, run_dir: Path, server: str, see
         f"optim.value_lr={setting.value_lr}", f"optim.mini_batch_turns={setting.mini_batch_turns}",
         f"optim.epochs={setting.epochs}", f"optim.adam_eps={setting.adam_eps}",
         f"optim.target_kl={setting.target_kl}", f"loss.mask_truncated_replies={setting.mask_truncated_replies}",
-        f"rollout.stop=[{', '.join(setting.stop)}]"])
+        f"rollout.stop=[{', '.join(setting.stop)}]", f"rollout.batch_wait_s={setting.batch_wait_s}"])
 
 
 async def held_out(pool: EnvPool, checkpoint: Path, cfg: TrainConfig, setting: ToyLearning) -> dict:
@@ -161,11 +168,13 @@ async def learning_run(setting: ToyLearning, seed: int, out: Path) -> LearningRe
             lap("eval_before")
             await train(cfg, console=quiet)
             lap("rl")
-            latest = out / "rl" / "checkpoints" / (out / "rl" / "checkpoints" / "latest").read_text().strip()
-            after = await held_out(pool, latest / "policy", cfg, setting)
+            saved = sorted(c for c in (out / "rl" / "checkpoints").glob("iter_*") if not c.name.endswith(".tmp"))
+            # iter_N holds the weights after N + 1 iterations
+            after = {int(c.name.split("_")[1]) + 1: await held_out(pool, c / "policy", cfg, setting) for c in saved}
             lap("eval_after")
     rows = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines() if line]
-    return LearningResult(paired.compare(before, after, seed=seed), losses[-1],
+    gains_at = {iteration: paired.compare(before, outcomes, seed=seed) for iteration, outcomes in after.items()}
+    return LearningResult(gains_at[max(gains_at)], gains_at, losses[-1],
                           tuple(round(r["rollout/success"], 3) for r in rows),
                           tuple(round(r["rollout/valid_action_ratio"], 3) for r in rows), seconds)
 
