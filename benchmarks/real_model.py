@@ -46,6 +46,7 @@ from trainer_client.env_pool import EnvPool  # noqa: E402
 from trainer_client.evaluate import evaluate  # noqa: E402
 from trainer_client.experts import expert_episodes, expert_samples, read_jsonl  # noqa: E402
 from trainer_client.local_server import local_env_server  # noqa: E402
+from trainer_client.log_lines import LogLines  # noqa: E402
 from trainer_client.policy import Policy, TransformersBackend  # noqa: E402
 from trainer_client.policy.lora import LoraConfig  # noqa: E402
 from trainer_client.pretrained import PACKAGED_MODELS, fetch_model  # noqa: E402
@@ -196,6 +197,7 @@ class Run(CarriedStages):
             progress = Progress(TextColumn(f"[bold]eval {label}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), TextColumn("success {task.fields[success]:.3f}"),
                                 console=self.console)
+            lines = LogLines(self.console, every_s=0)   # a chunk takes long enough to say each one
             with progress:
                 bar = progress.add_task(label, total=len(done) + len(todo), completed=len(done),
                                         success=sum(r["won"] for r in self.outcomes(label)) / max(1, len(done)))
@@ -212,7 +214,9 @@ class Run(CarriedStages):
                             for o in result.as_dict()["outcomes"]:
                                 f.write(json.dumps({"split": split, **o, "turns": turns[o["task_id"]]}) + "\n")
                         rows = self.outcomes(label)
-                        progress.update(bar, completed=len(rows), success=sum(r["won"] for r in rows) / len(rows))
+                        success = sum(r["won"] for r in rows) / len(rows)
+                        progress.update(bar, completed=len(rows), success=success)
+                        lines.say(f"eval {label}: {len(rows)}/{len(done) + len(todo)} episodes, success {success:.3f}")
                         now = time.perf_counter()   # the stage's clock advances chunk by chunk: a kill loses one
                         self.add_time(stage, now - clock)
                         clock = now

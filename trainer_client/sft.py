@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from trainer_client.experts import ExpertEpisode, expert_episodes, expert_samples, read_jsonl
 from trainer_client.local_server import EnvTarget
+from trainer_client.log_lines import LogLines
 from trainer_client.policy import Policy, TokenBatch, TurnSample, pad_id
 from trainer_client.preflight import check_sft
 from trainer_client.prompts import PromptConfig
@@ -54,6 +55,7 @@ def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: flo
     policy.train()
     progress = Progress(TextColumn("[bold]SFT"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("loss {task.fields[loss]:.3f}"), console=console or Console(stderr=True))
+    lines = LogLines(progress.console)
     with progress:
         bar = progress.add_task("sft", total=steps, loss=float("nan"))
         batches = sft_batches(len(samples), batch_turns, steps, generator)
@@ -79,6 +81,7 @@ def sft(policy: Policy, samples: Sequence[TurnSample], *, epochs: float, lr: flo
             torch.nn.utils.clip_grad_norm_(trained, grad_clip)
             losses.append(total)
             progress.update(bar, advance=1, loss=total)
+            lines.say(f"SFT step {len(losses)}/{steps}: loss {total:.3f}", last=len(losses) == steps)
     return losses
 
 

@@ -36,6 +36,7 @@ from trainer_client.evaluate import evaluate
 from trainer_client.gpu_memory import check_fits
 from trainer_client.learner import Learner, learn, load_learner
 from trainer_client.local_server import open_env_pool
+from trainer_client.log_lines import LogLines
 from trainer_client.policy import Policy
 from trainer_client.policy.generation import build_backend
 from trainer_client.rollout import EpisodeRecord, TaskRef, collect
@@ -249,6 +250,7 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
         eval_tasks = await eval_task_lists(pool, cfg)
         progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), TextColumn("{task.fields[status]}"), console=console)
+        lines = LogLines(progress.console, every_s=0)   # an iteration takes long enough to say each one
         with progress:
             bar = progress.add_task(f"{cfg.algo} on {cfg.env.name}", total=cfg.iterations, completed=start, status="")
             for iteration in range(start, cfg.iterations):
@@ -295,9 +297,7 @@ async def train(cfg: TrainConfig, resume: bool = False, console: Console | None 
                 status = (f"success {metrics['rollout/success']:.2f}  valid {metrics['rollout/valid_action_ratio']:.2f}  "
                           f"{metrics['time/iteration']:.1f}s/it")
                 progress.update(bar, advance=1, status=status)
-                if not progress.console.is_terminal:   # a log file: a bar is drawn only at the end, so say each one
-                    progress.console.print(f"iteration {iteration + 1}/{cfg.iterations}: {status}", markup=False,
-                                           highlight=False)
+                lines.say(f"iteration {iteration + 1}/{cfg.iterations}: {status}")
     if timings:
         print_breakdown(console, timings, f"{cfg.algo}: mean runtime per iteration over {len(timings)} iteration(s)")
     return run_dir
