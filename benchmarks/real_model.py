@@ -37,7 +37,8 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
 from benchlib import commit, kernel_identity, pick_games, settle_official_alfworld_command  # noqa: E402
-from real_model_results import category_table, curve_points, expert_record, merge_curve, paired_rl_gain, plot  # noqa: E402,E501
+from real_model_results import (category_table, curve_points, expert_record, merge_curve, paired_rl_gain,  # noqa: E402
+                                plot, rows_already_played)
 from real_model_carry import CarriedStages  # noqa: E402
 from run_carry import round_trained_matrices_to_bf16  # noqa: E402
 from trainer_client import config  # noqa: E402
@@ -371,12 +372,18 @@ class Run(CarriedStages):
                 if not self.done("curve"):
                     curve_games = {self.cfg.curve_split: pick_games(games[self.cfg.curve_split],
                                                                     self.cfg.curve_games, self.cfg.seed)}
+                    played = {self.out / "sft": self.outcomes("sft"),
+                              Path(self.stages["eval_rl"].get("checkpoint", "")): self.outcomes("rl")}
                     for iteration, folder in curve_points(self.rl_checkpoints(), self.cfg.curve_every):
-                        label = f"curve_{iteration:04d}"
-                        rows = await self.evaluate(label, folder, (self.cfg.curve_split,), (0,), curve_games,
-                                                   prompts, self.cfg.eval_max_new_tokens, "curve")
-                        merge_curve(self.outcomes_file("curve"), iteration, rows)
-                        self.outcomes_file(label).unlink()
+                        done = 0 if folder == self.out / "sft" else iteration + 1   # iter_N: after N + 1 iterations
+                        label = f"curve_{done:04d}"
+                        rows = rows_already_played(played.get(folder, []), self.cfg.curve_split, 0,
+                                                   curve_games[self.cfg.curve_split])
+                        if rows is None:
+                            rows = await self.evaluate(label, folder, (self.cfg.curve_split,), (0,), curve_games,
+                                                       prompts, self.cfg.eval_max_new_tokens, "curve")
+                            self.outcomes_file(label).unlink()
+                        merge_curve(self.outcomes_file("curve"), done, rows)
                     self.finish("curve", 0.0)
                 if not self.done("prompting"):
                     # The base model has not learned the compact layout: it gets the anchor's, with its

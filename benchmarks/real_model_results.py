@@ -29,6 +29,14 @@ def curve_points(checkpoints: Sequence[tuple[int, Path]], every: int) -> list[tu
     return [c for k, c in enumerate(checkpoints) if k in (0, last) or (c[0] + 1) % every == 0]
 
 
+def rows_already_played(rows: Sequence[dict], split: str, seed: int, games: Sequence[str]) -> list[dict] | None:
+    """The outcomes of `games` on `split` under eval seed `seed` from a full evaluation's rows, or None when one is
+    missing: the curve's start and end are the SFT and final checkpoints, whose episodes the full evaluations played."""
+    wanted = set(games)
+    chosen = [r for r in rows if r["split"] == split and r["seed"] == seed and r["task_id"] in wanted]
+    return chosen if len(chosen) == len(wanted) else None
+
+
 def paired_rl_gain(before: Sequence[dict], after: Sequence[dict]) -> dict:
     """The paired gain of `after` over `before` on the (game, seed) episodes both played, 95% bootstrap over games."""
     result = compare(outcome_values([{"outcomes": list(before)}]), outcome_values([{"outcomes": list(after)}]))
@@ -64,7 +72,7 @@ def plot(results: dict, out: Path) -> None:
 
 
 def merge_curve(path: Path, iteration: int, rows: Sequence[dict]) -> None:
-    """Append one checkpoint's curve outcomes, tagged with its iteration (once)."""
+    """Append one checkpoint's curve outcomes, tagged with the RL iterations it had done (0: the SFT start), once."""
     kept = [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
     kept = [r for r in kept if r["iteration"] != iteration] + [{"iteration": iteration, **r} for r in rows]
     path.write_text("".join(json.dumps(r) + "\n" for r in kept))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from real_model_results import curve_points  # noqa: E402
+from real_model_results import curve_points, rows_already_played  # noqa: E402
 
 
 def saved(*iterations: int) -> list[tuple[int, Path]]:
@@ -23,3 +23,12 @@ def test_the_curve_reads_the_start_every_eighth_iteration_and_the_last():
 def test_an_unfinished_run_still_ends_its_curve_at_the_last_checkpoint():
     assert [i for i, _ in curve_points(saved(1, 3, 5, 7, 9), 8)] == [0, 7, 9]
     assert [i for i, _ in curve_points(saved(), 8)] == [0]
+
+
+def test_the_curve_takes_its_start_and_end_from_the_full_evaluations_when_they_played_its_games():
+    rows = [{"split": split, "task_id": game, "seed": seed, "won": seed == 0}
+            for split in ("valid_seen", "valid_unseen") for game in ("a", "b", "c") for seed in (0, 1)]
+    chosen = rows_already_played(rows, "valid_seen", 0, ["a", "c"])
+    assert [(r["split"], r["task_id"], r["seed"]) for r in chosen] == [("valid_seen", "a", 0), ("valid_seen", "c", 0)]
+    assert rows_already_played(rows, "valid_seen", 0, ["a", "d"]) is None   # a game it did not play: play them all
+    assert rows_already_played([], "valid_seen", 0, ["a"]) is None
