@@ -42,7 +42,7 @@ from real_model_results import (category_table, curve_points, expert_record, mer
 from real_model_carry import CarriedStages  # noqa: E402
 from run_carry import round_trained_matrices_to_bf16  # noqa: E402
 from trainer_client import config  # noqa: E402
-from trainer_client.checkpoints import checkpoint_dir, latest_checkpoint  # noqa: E402
+from trainer_client.checkpoints import checkpoint_dir, iterations_done, latest_checkpoint  # noqa: E402
 from trainer_client.env_pool import EnvPool  # noqa: E402
 from trainer_client.evaluate import evaluate  # noqa: E402
 from trainer_client.experts import expert_episodes, expert_samples, read_jsonl  # noqa: E402
@@ -374,8 +374,8 @@ class Run(CarriedStages):
                                                                     self.cfg.curve_games, self.cfg.seed)}
                     played = {self.out / "sft": self.outcomes("sft"),
                               Path(self.stages["eval_rl"].get("checkpoint", "")): self.outcomes("rl")}
-                    for iteration, folder in curve_points(self.rl_checkpoints(), self.cfg.curve_every):
-                        done = 0 if folder == self.out / "sft" else iteration + 1   # iter_N: after N + 1 iterations
+                    for _, folder in curve_points(self.rl_checkpoints(), self.cfg.curve_every):
+                        done = 0 if folder == self.out / "sft" else iterations_done(folder)
                         label = f"curve_{done:04d}"
                         rows = rows_already_played(played.get(folder, []), self.cfg.curve_split, 0,
                                                    curve_games[self.cfg.curve_split])

@@ -22,6 +22,12 @@ def checkpoint_dir(run_dir: Path, iteration: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"iter_{iteration:06d}"
 
 
+def iterations_done(checkpoint: Path) -> int:
+    """How many RL iterations the weights in checkpoint_dir(run_dir, i) (or a folder in it) had done: i + 1."""
+    folder = next(p for p in (Path(checkpoint), *Path(checkpoint).parents) if p.name.startswith("iter_"))
+    return int(folder.name.removeprefix("iter_")) + 1
+
+
 def save_checkpoint(run_dir: Path, iteration: int, learner: Learner, sampler_position: int) -> Path:
     """The learner's models and optimizer states, and where the task sampler stands, written to a temp dir then
     renamed; then `latest` points at it."""

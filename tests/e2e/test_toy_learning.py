@@ -40,6 +40,7 @@ import torch
 from rich.console import Console
 
 from trainer_client import config, paired
+from trainer_client.checkpoints import iterations_done
 from trainer_client.env_pool import EnvPool
 from trainer_client.evaluate import evaluate
 from trainer_client.local_server import local_env_server
@@ -169,8 +170,7 @@ async def learning_run(setting: ToyLearning, seed: int, out: Path) -> LearningRe
             await train(cfg, console=quiet)
             lap("rl")
             saved = sorted(c for c in (out / "rl" / "checkpoints").glob("iter_*") if not c.name.endswith(".tmp"))
-            # iter_N holds the weights after N + 1 iterations
-            after = {int(c.name.split("_")[1]) + 1: await held_out(pool, c / "policy", cfg, setting) for c in saved}
+            after = {iterations_done(c): await held_out(pool, c / "policy", cfg, setting) for c in saved}
             lap("eval_after")
     rows = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines() if line]
     gains_at = {iteration: paired.compare(before, outcomes, seed=seed) for iteration, outcomes in after.items()}

@@ -10,6 +10,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from real_model_results import curve_points, rows_already_played  # noqa: E402
 
+from trainer_client.checkpoints import checkpoint_dir, iterations_done  # noqa: E402
+
 
 def saved(*iterations: int) -> list[tuple[int, Path]]:
     return [(0, Path("sft"))] + [(i, Path(f"iter_{i}")) for i in iterations]
@@ -32,3 +34,8 @@ def test_the_curve_takes_its_start_and_end_from_the_full_evaluations_when_they_p
     assert [(r["split"], r["task_id"], r["seed"]) for r in chosen] == [("valid_seen", "a", 0), ("valid_seen", "c", 0)]
     assert rows_already_played(rows, "valid_seen", 0, ["a", "d"]) is None   # a game it did not play: play them all
     assert rows_already_played([], "valid_seen", 0, ["a"]) is None
+
+
+def test_a_point_is_labelled_by_the_iterations_its_checkpoint_had_done():
+    assert iterations_done(checkpoint_dir(Path("runs/rl"), 23) / "policy") == 24
+    assert iterations_done(checkpoint_dir(Path("runs/rl"), 0)) == 1
