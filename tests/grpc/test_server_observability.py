@@ -34,6 +34,17 @@ def scrape(port: int) -> dict[str, float]:
     return samples
 
 
+async def scrape_once(port: int, ready, timeout_s: float = 30.0) -> dict[str, float]:
+    """The samples once `ready(samples)` holds (or at the deadline, for the asserts to say what is missing): the
+    server restores a crashed worker's sessions and polls worker memory in the background, later on a loaded machine."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        samples = await asyncio.to_thread(scrape, port)
+        if ready(samples) or time.monotonic() > deadline:
+            return samples
+        await asyncio.sleep(0.1)
+
+
 async def test_metrics_endpoint_serves_every_documented_series(launch):
     async with launch(metrics_port=0, max_sessions=7) as server:
         first = await server.reset()
@@ -42,9 +53,11 @@ async def test_metrics_endpoint_serves_every_documented_series(launch):
         await server.reset(env="faulty")
         crashed = await server.reset(env="faulty", task_id="goto-003")
         await server.error(server.step(crashed.session_id, 1, "crash"))
-        await asyncio.sleep(0.5)  # one RSS poll (rss_poll_s 0.2)
+        def ready(samples: dict[str, float]) -> bool:
+            rss = [v for series, v in samples.items() if series.startswith("limen_worker_rss_bytes")]
+            return samples.get("limen_sessions_restored_total", 0) >= 1 and bool(rss) and min(rss) > 0
 
-        samples = await asyncio.to_thread(scrape, server.running.metrics_port)
+        samples = await scrape_once(server.running.metrics_port, ready)
         names = {series.partition("{")[0] for series in samples}
         assert set(METRIC_NAMES) <= names
         assert samples['limen_active_sessions{env="toy"}'] == 1
