@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from benchlib import kernel_identity
 from real_model_results import curve_points
 from run_carry import pack, unpack
+from trainer_client.checkpoints import checkpoint_index
 from trainer_client.policy import Policy
 from trainer_client.policy.lora import LoraConfig
 from trainer_client.policy.model import ADAPTERS_FILE
@@ -46,11 +47,6 @@ def round_adapters_file(folder: Path) -> None:
     path = folder / ADAPTERS_FILE
     tensors = load_file(path)
     save_file({n: t.to(torch.bfloat16).to(t.dtype) for n, t in tensors.items()}, path, metadata={"format": "pt"})
-
-
-def iteration_of(folder: Path) -> int:
-    """The iteration a checkpoint folder (or its pack) is named after: iter_NNNNNN."""
-    return int(folder.name.removeprefix("iter_"))
 
 
 def carried_packs(packs: Path) -> list[Path]:
@@ -134,7 +130,7 @@ class CarriedStages:
         """Pack an RL checkpoint (its adapters rounded to bf16, where its sampler stands and the run's logs; the
         merged weights are made again from the SFT start) into carry_dir/rl: every carry_every-th iteration, the
         last, or `now`; then publish, which commits it with the measurements."""
-        iteration = iteration_of(checkpoint)
+        iteration = checkpoint_index(checkpoint)
         if not now:
             clock = time.perf_counter()
             self.add_time("rl", clock - self.rl_clock)
@@ -164,7 +160,7 @@ class CarriedStages:
         shutil.rmtree(packs / checkpoint.name, ignore_errors=True)
         staged.rename(packs / checkpoint.name)
         (packs / LATEST).write_text(checkpoint.name)
-        carried = {iteration_of(p): p for p in carried_packs(packs)}
+        carried = {checkpoint_index(p): p for p in carried_packs(packs)}
         for old in set(carried) - set(kept_packs(list(carried), iteration, self.cfg.curve_every)):
             self.removed.extend(p for p in carried[old].rglob("*") if p.is_file())
             shutil.rmtree(carried[old])
@@ -182,7 +178,7 @@ class CarriedStages:
                 shutil.copy2(path, run_dir / path.name)
             shutil.copy2(packed / "trainer_state.pt", checkpoint / "trainer_state.pt")
             (run_dir / "checkpoints" / LATEST).write_text(checkpoint.name)
-            iteration = iteration_of(packed)
+            iteration = checkpoint_index(packed)
             self.stages.setdefault("rl", {"seconds": 0.0}).setdefault("carried", []).append(
                 {"from_iteration": iteration + 1, "adam_moments": "fresh", "machine": kernel_identity()["cpu"]})
             self.note(f"restored RL checkpoint {packed.name} from {packed.parent} (Adam's moments start afresh)")

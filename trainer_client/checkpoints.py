@@ -22,10 +22,15 @@ def checkpoint_dir(run_dir: Path, iteration: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"iter_{iteration:06d}"
 
 
+def checkpoint_index(checkpoint: Path) -> int:
+    """i for checkpoint_dir(run_dir, i), a folder in it, or its carried pack (all named iter_NNNNNN)."""
+    folder = next(p for p in (Path(checkpoint), *Path(checkpoint).parents) if p.name.startswith("iter_"))
+    return int(folder.name.removeprefix("iter_"))
+
+
 def iterations_done(checkpoint: Path) -> int:
     """How many RL iterations the weights in checkpoint_dir(run_dir, i) (or a folder in it) had done: i + 1."""
-    folder = next(p for p in (Path(checkpoint), *Path(checkpoint).parents) if p.name.startswith("iter_"))
-    return int(folder.name.removeprefix("iter_")) + 1
+    return checkpoint_index(checkpoint) + 1
 
 
 def save_checkpoint(run_dir: Path, iteration: int, learner: Learner, sampler_position: int) -> Path:
