@@ -1,7 +1,7 @@
 """One run of the toy learning test (tests/e2e/test_toy_learning.py) with some of its settings changed, printed as
 one JSON line: how its settings are chosen, on the toy env's `valid` split, so that the test's tasks are looked at last.
 
-    OMP_NUM_THREADS=1 python benchmarks/toy_learning_setting.py SEED '{"target_kl": 0.02, "eval_split": "valid"}'
+    OMP_NUM_THREADS=1 python benchmarks/toy_learning_setting.py SEED '{"rl_changes": ["optim.target_kl=0.02"], "eval_split": "valid"}'
 
 Results measured so far: docs/measurements/toy_learning_settings.json.
 """
