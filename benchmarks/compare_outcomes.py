@@ -22,15 +22,14 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def compare_files(first: Path, second: Path) -> dict[str, dict]:
-    """{split: {episodes, first, second, gain, lo, hi}} over the episodes both files hold."""
+    """{split: {episodes, first, second, gain, lo, hi}} over the episodes both files hold (paired_rl_gain pairs them)."""
     a, b = read_rows(first), read_rows(second)
-    episode = lambda r: (r["split"], r["task_id"], r["seed"])   # noqa: E731
-    shared = {episode(r) for r in a} & {episode(r) for r in b}
     result = {}
-    for split in sorted({s for s, _, _ in shared}):
-        pick = lambda rows: [r for r in rows if episode(r) in shared and r["split"] == split]   # noqa: E731
-        gain = paired_rl_gain(pick(a), pick(b))
-        result[split] = {"episodes": len(pick(a)), "first": gain["before"], "second": gain["after"],
+    episode = lambda r: (r["split"], r["task_id"], r["seed"])   # noqa: E731
+    played_by_b = {episode(r) for r in b}
+    for split in sorted({r["split"] for r in a if episode(r) in played_by_b}):   # splits with a shared episode
+        gain = paired_rl_gain([r for r in a if r["split"] == split], [r for r in b if r["split"] == split])
+        result[split] = {"episodes": gain["episodes"], "first": gain["before"], "second": gain["after"],
                          "gain": gain["gain"], "lo": gain["lo"], "hi": gain["hi"]}
     return result
 
